@@ -1,0 +1,26 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Both set up first (as root; idempotent, seconds when already done).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test test-unit bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/pslat demo
+
+test: setup
+	$(PY) -m pytest -ra tests
+
+test-unit: setup
+	$(PY) -m pytest -ra tests/unit
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	-$(VENV)/bin/pslat cluster down
+	rm -rf $(VENV) .venv-mxnet
+	$(MAKE) -C workloads/cluster clean

@@ -1,0 +1,43 @@
+"""`pslat`: the one command-line entry point. Sub-commands live beside the code they drive."""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from agent.errors import UserError
+
+app = typer.Typer(
+    name="pslat",
+    help="Where the latency of parameter-server push/pull goes: host, NIC or wire, on both ends.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    # Imported here so that `pslat --help` stays fast and a broken optional part
+    # cannot hide the others.
+    from workloads.cluster.cli import app as cluster_app
+    from workloads.psbench.cli import app as psbench_app
+    from agent.demo import demo
+
+    app.add_typer(cluster_app, name="cluster")
+    app.add_typer(psbench_app, name="psbench")
+    app.command("demo")(demo)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as e:
+        print(f"pslat: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()
