@@ -1,0 +1,48 @@
+"""`pslat demo`: a virtual cluster, psbench on it, and what it measured.
+
+Later steps run the agent on every host and print the latency breakdown; for
+now the demo shows psbench's own ground truth, the figures the agent's
+measurements will be checked against.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from agent.errors import UserError, require_root
+
+
+def demo(
+    servers: int = typer.Option(2, min=1, help="parameter servers (one host each)"),
+    workers: int = typer.Option(4, min=1, help="workers (one host each)"),
+    wire_delay_ms: float = typer.Option(0.0, help="one-way wire delay, each direction"),
+    server_delay_ms: float = typer.Option(0.0, help="server processing delay per request"),
+    duration: float = typer.Option(20.0, "--duration", help="seconds of traffic"),
+    out: Path = typer.Option(None, "--out", help="output dir [default: ./pslat-demo-<time>]"),
+) -> None:
+    """Run psbench (2 servers, 4 workers) in a virtual cluster and summarise it."""
+    from rich.console import Console
+
+    from workloads.cluster.cluster import Cluster
+    from workloads.psbench.launch import launch_in_cluster
+    from workloads.psbench.summary import summarize
+
+    require_root("pslat demo")
+    if wire_delay_ms < 0 or server_delay_ms < 0:
+        raise UserError("delays must be >= 0 ms")
+    if duration <= 0:
+        raise UserError("--duration must be > 0 seconds")
+    out = out or Path(f"pslat-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    names = [f"ps{i}" for i in range(servers)] + [f"w{j}" for j in range(workers)]
+    console.print(f"[bold]cluster[/]: {len(names)} hosts, wire {wire_delay_ms} ms each way")
+    with Cluster(names, wire_delay_ms=wire_delay_ms, log_dir=out / "wire") as cluster:
+        console.print(f"[bold]psbench[/]: {servers} servers x {workers} workers for {duration:g} s")
+        with launch_in_cluster(cluster, out / "psbench", servers=servers, workers=workers,
+                               duration_s=duration, server_delay_ms=server_delay_ms) as job:
+            job.wait()
+    console.print(summarize(out / "psbench"))
+    console.print(f"output in {out}")

@@ -1,0 +1,155 @@
+"""A run dir: one host's view of a traced run (DESIGN.md, "Data flow").
+
+    RUN_DIR/meta.json                 host id, kernel, netns, clock mapping, config,
+                                      version, counters; rewritten atomically
+    RUN_DIR/<table>-<seq>.parquet     shards, closed every few seconds
+
+Shards are written under a temporary name and renamed when complete, so a
+crash (even kill -9) loses at most the rows not yet in a closed shard, and a
+reader never sees half a shard. When the disk is full the writer drops rows,
+counts them in meta.json's counters (if meta.json itself can still be written)
+and keeps its memory bounded; it never raises into the tracing loop.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from agent.errors import UserError
+
+META_FILE = "meta.json"
+SHARD_SUFFIX = ".parquet"
+FORMAT_VERSION = 1
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDirWriter:
+    """Buffers rows per table and closes a shard every `shard_interval_s`."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], shard_interval_s: float = 2.0,
+                 max_buffered_rows: int = 200_000):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.meta = dict(meta, format_version=FORMAT_VERSION)
+        self.meta.setdefault("counters", {})
+        self.shard_interval_s = shard_interval_s
+        self.max_buffered_rows = max_buffered_rows
+        self._rows: dict[str, list[dict[str, Any]]] = {}
+        self._schemas: dict[str, pa.Schema] = {}
+        self._seq = 0
+        self._last_flush = time.monotonic()
+        self.rows_dropped = 0
+        self.disk_full = False
+        self.write_meta()
+
+    def set_schema(self, table: str, schema: pa.Schema) -> None:
+        """Fix a table's column types so that shards agree even when a shard's values are all null."""
+        self._schemas[table] = schema
+
+    def append(self, table: str, row: dict[str, Any]) -> None:
+        rows = self._rows.setdefault(table, [])
+        if sum(len(r) for r in self._rows.values()) >= self.max_buffered_rows:
+            # The disk cannot keep up (or is full): drop rather than grow without bound.
+            self.rows_dropped += 1
+            return
+        rows.append(row)
+
+    def maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= self.shard_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        for table, rows in self._rows.items():
+            if not rows:
+                continue
+            name = f"{table}-{self._seq:06d}{SHARD_SUFFIX}"
+            self._seq += 1
+            try:
+                tbl = pa.Table.from_pylist(rows, schema=self._schemas.get(table))
+                tmp = self.path / f".{name}.tmp"
+                pq.write_table(tbl, tmp)
+                os.replace(tmp, self.path / name)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self.disk_full = True
+                self.rows_dropped += len(rows)
+                try:
+                    (self.path / f".{name}.tmp").unlink()
+                except OSError:
+                    pass
+            rows.clear()
+        self.write_meta()
+
+    def write_meta(self) -> None:
+        self.meta["counters"]["rows_dropped"] = self.rows_dropped
+        self.meta["disk_full"] = self.disk_full
+        self.meta["updated_realtime_ns"] = time.time_ns()
+        try:
+            _write_atomic(self.path / META_FILE, json.dumps(self.meta, indent=1, sort_keys=True).encode())
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.disk_full = True
+
+    def close(self) -> None:
+        self.meta["closed"] = True
+        self.flush()
+
+
+@dataclass
+class RunDir:
+    """What a reader got from one run dir, with the problems it met (never raised per shard)."""
+
+    path: Path
+    meta: dict[str, Any]
+    tables: dict[str, Any] = field(default_factory=dict)  # table -> pandas.DataFrame
+    problems: list[str] = field(default_factory=list)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    f = Path(path) / META_FILE
+    if not f.exists():
+        raise UserError(f"{path} is not a run dir: {f} is missing")
+    try:
+        meta = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{f} is corrupt ({e}); the run dir cannot be used") from None
+    if not isinstance(meta, dict) or "host_id" not in meta:
+        raise UserError(f"{f} has no host_id; the run dir cannot be used")
+    return meta
+
+
+def read_run_dir(path: Path) -> RunDir:
+    """Reads meta.json and every closed shard; a corrupt shard is named in .problems and skipped."""
+    import pandas as pd
+
+    path = Path(path)
+    rd = RunDir(path=path, meta=read_meta(path))
+    parts: dict[str, list[Any]] = {}
+    for shard in sorted(path.glob(f"*{SHARD_SUFFIX}")):
+        table = shard.name.rsplit("-", 1)[0]
+        try:
+            parts.setdefault(table, []).append(pq.read_table(shard).to_pandas())
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            rd.problems.append(f"{shard}: unreadable shard skipped ({type(e).__name__}: {e})")
+    for table, frames in parts.items():
+        rd.tables[table] = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    return rd
