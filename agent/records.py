@@ -1,0 +1,78 @@
+"""The records a host's agent writes, and the ordered stages of one message.
+
+One row of the `messages` table is one application message (a ps-lite request
+or response) as seen on one host, send side or receive side, with the time at
+which it crossed each layer of that host (DESIGN.md, "The components of one
+request"). Times are CLOCK_MONOTONIC ns of that host; a stage the host's device
+does not have is null and `null_reasons` says why (never a made-up time).
+"""
+from __future__ import annotations
+
+import enum
+
+import pyarrow as pa
+
+
+class TxStage(enum.IntEnum):
+    """Send-side stages of one message, in causal order."""
+    FRAMEWORK_CALL = 0      # uprobe: ZMQVan::SendMsg / zmq_msg_send of the first frame
+    SEND_FIRST_ENTER = 1    # first send syscall entry that wrote a byte of it
+    SEND_LAST_EXIT = 2      # exit of the send syscall that wrote its last byte
+    XMIT_LAST = 3           # driver handoff of the segment carrying its last byte
+    TXDONE_LAST = 4         # TX completion / NIC hardware TX timestamp of that segment
+
+
+class RxStage(enum.IntEnum):
+    """Receive-side stages of one message, in causal order."""
+    NIC_RX_LAST = 0         # NIC hardware RX timestamp, else IRQ/NAPI entry, of the last segment
+    NETIF_RX_LAST = 1       # netif_receive of the last segment
+    DATA_READY = 2          # socket data-ready for the last byte
+    RECV_LAST_EXIT = 3      # exit of the recv syscall that consumed the last byte
+    FRAMEWORK_HANDOVER = 4  # uprobe: ZMQVan::RecvMsg return / zmq_msg_recv of the last frame
+
+
+TX_STAGE_COLUMNS = {
+    TxStage.FRAMEWORK_CALL: "ts_framework_ns",
+    TxStage.SEND_FIRST_ENTER: "ts_send_first_enter_ns",
+    TxStage.SEND_LAST_EXIT: "ts_send_last_exit_ns",
+    TxStage.XMIT_LAST: "ts_xmit_last_ns",
+    TxStage.TXDONE_LAST: "ts_txdone_last_ns",
+}
+RX_STAGE_COLUMNS = {
+    RxStage.NIC_RX_LAST: "ts_nic_rx_last_ns",
+    RxStage.NETIF_RX_LAST: "ts_netif_rx_last_ns",
+    RxStage.DATA_READY: "ts_data_ready_ns",
+    RxStage.RECV_LAST_EXIT: "ts_recv_last_exit_ns",
+    RxStage.FRAMEWORK_HANDOVER: "ts_framework_ns",
+}
+
+_ts = pa.int64()
+MESSAGES_SCHEMA = pa.schema([
+    ("host_id", pa.string()),
+    ("direction", pa.string()),           # "tx" | "rx"
+    ("pid", pa.int32()), ("tid", pa.int32()), ("comm", pa.string()),
+    # connection: local/remote 4-tuple as seen on this host, and the key that
+    # makes a reconnect on a reused port a new connection
+    ("local_ip", pa.string()), ("local_port", pa.int32()),
+    ("remote_ip", pa.string()), ("remote_port", pa.int32()),
+    ("conn_id", pa.string()),
+    ("seq_first", pa.uint32()), ("seq_end", pa.uint32()),  # TCP seq of first byte, one past the last
+    # what the message was (ps-lite)
+    ("control", pa.bool_()), ("cmd", pa.int32()),
+    ("request", pa.bool_()), ("op", pa.string()),          # "push" | "pull" | "control" | "unknown"
+    ("app_id", pa.int32()), ("customer_id", pa.int32()), ("timestamp", pa.int32()),
+    ("sender", pa.int32()), ("recver", pa.int32()),
+    ("num_keys", pa.int64()), ("key_sample", pa.list_(pa.uint64())),
+    ("value_bytes", pa.int64()), ("msg_bytes", pa.int64()),
+    # stages (see TxStage / RxStage); rx rows reuse ts_framework_ns for the hand-over
+    ("ts_framework_ns", _ts),
+    ("ts_send_first_enter_ns", _ts), ("ts_send_last_exit_ns", _ts),
+    ("ts_xmit_last_ns", _ts), ("ts_txdone_last_ns", _ts),
+    ("ts_nic_rx_last_ns", _ts), ("ts_netif_rx_last_ns", _ts),
+    ("ts_data_ready_ns", _ts), ("ts_recv_last_exit_ns", _ts),
+    ("null_reasons", pa.string()),        # "stage=reason;..." for every null stage
+    # inputs of the sub-components (DESIGN.md)
+    ("runq_wait_ns", _ts), ("busy_wait_ns", _ts),
+    ("cwnd_wait_ns", _ts), ("rwnd_wait_ns", _ts), ("qdisc_wait_ns", _ts),
+    ("connect_wait_ns", _ts),
+])
