@@ -1,0 +1,132 @@
+"""The MXNet venv (mxnet==1.9.1, numpy<1.24), its libmxnet.so, and the uprobe points in it.
+
+MXNet 1.9.1 needs numpy<1.24 while pslat needs numpy>=1.24, so MXNet lives in
+a venv of its own, made by scripts/setup.sh step 6; `ensure_venv` makes it on
+first use with the same commands if it is missing.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+# Same default and override as scripts/setup.sh.
+VENV_DIR = Path(os.environ.get("PSLAT_MXNET_VENV", ROOT / ".venv-mxnet"))
+# setup.sh writes this line into the venv's .pslat-stamp once pip succeeded.
+STAMP = "mxnet==1.9.1 numpy<1.24"
+SYS_PYTHON = "/usr/bin/python3"
+PIP_TIMEOUT_S = 900.0
+
+# The framework boundary of ps-lite inside libmxnet.so: every message a node
+# sends goes through ZMQVan::SendMsg, every one it receives comes out of
+# ZMQVan::RecvMsg (both virtual, so never inlined into their callers).
+VAN_FUNCTIONS = ("ps::ZMQVan::SendMsg", "ps::ZMQVan::RecvMsg")
+
+
+def venv_python(venv: Path = VENV_DIR) -> Path:
+    return venv / "bin" / "python"
+
+
+def venv_ready(venv: Path = VENV_DIR) -> bool:
+    stamp = venv / ".pslat-stamp"
+    return (venv_python(venv).exists() and stamp.exists()
+            and stamp.read_text().strip() == STAMP)
+
+
+def ensure_venv(venv: Path = VENV_DIR, create: bool = True) -> Path:
+    """The MXNet venv's python; creates the venv first if it is missing and create is true."""
+    if venv_ready(venv):
+        return venv_python(venv)
+    if not create:
+        raise UserError(f"the MXNet venv {venv} is missing or incomplete; run `make setup`")
+    cmds = [[SYS_PYTHON, "-m", "venv", str(venv)],
+            [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+             "mxnet==1.9.1", "numpy<1.24"]]
+    for cmd in cmds:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise UserError(f"cannot create the MXNet venv {venv} ({e}); run `make setup`") from e
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise UserError(f"cannot create the MXNet venv {venv}: `{' '.join(cmd)}` failed: "
+                            f"{' | '.join(tail)}; run `make setup`")
+    (venv / ".pslat-stamp").write_text(STAMP + "\n")
+    return venv_python(venv)
+
+
+def libmxnet_path(venv: Path = VENV_DIR) -> Path:
+    """libmxnet.so inside the MXNet venv (the file uprobes attach to)."""
+    found = sorted(venv.glob("lib/python3*/site-packages/mxnet/libmxnet.so"))
+    if not found:
+        raise UserError(f"no libmxnet.so under {venv}; run `make setup` to (re)create the MXNet venv")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class UprobePoint:
+    function: str      # demangled qualified name, e.g. "ps::ZMQVan::SendMsg"
+    symbol: str        # mangled name, what an uprobe attaches to (bcc: sym=)
+    signature: str     # demangled with parameters, for humans
+    offset: int        # st_value in .dynsym (the file offset bcc computes from it)
+
+
+def _dynamic_symbols(lib: Path) -> list[tuple[int, str, str]]:
+    """(value, type, mangled name) of the defined dynamic symbols of lib."""
+    tool = shutil.which("nm")
+    if not tool:
+        raise UserError("`nm` not found (binutils); install binutils (apt-get install binutils)")
+    proc = subprocess.run([tool, "-D", "--defined-only", str(lib)],
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise UserError(f"cannot read the dynamic symbols of {lib}: {proc.stderr.strip()}; "
+                        "reinstall the MXNet venv with `make setup`")
+    out = []
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((int(parts[0], 16), parts[1], parts[2]))
+    return out
+
+
+def _demangle(names: list[str]) -> list[str]:
+    tool = shutil.which("c++filt")
+    if not tool:
+        raise UserError("`c++filt` not found (binutils); install binutils (apt-get install binutils)")
+    proc = subprocess.run([tool], input="\n".join(names) + "\n",
+                          capture_output=True, text=True, timeout=30, check=True)
+    return proc.stdout.splitlines()
+
+
+@functools.lru_cache(maxsize=4)
+def van_uprobe_points(lib: Path | None = None) -> dict[str, UprobePoint]:
+    """The exported ps::ZMQVan::SendMsg / RecvMsg of libmxnet.so, by demangled function name.
+
+    Raises UserError if either is not exported as a function (T: text, W: weak;
+    MXNet 1.9.1 exports both as W, being inline members of a header class).
+    """
+    lib = lib or libmxnet_path()
+    candidates = [(v, t, n) for v, t, n in _dynamic_symbols(lib)
+                  if t in ("T", "W", "t", "w") and n.startswith("_ZN2ps6ZMQVan7")]
+    demangled = _demangle([n for _, _, n in candidates])
+    points: dict[str, UprobePoint] = {}
+    for (value, _type, name), sig in zip(candidates, demangled):
+        function = sig.split("(", 1)[0]
+        if function in VAN_FUNCTIONS:
+            points[function] = UprobePoint(function, name, sig, value)
+    missing = [f for f in VAN_FUNCTIONS if f not in points]
+    if missing:
+        raise UserError(f"{lib} does not export {', '.join(missing)}; the framework-boundary "
+                        "uprobes need mxnet==1.9.1 from PyPI: run `make setup`")
+    return points
+
+
+def van_symbols(lib: Path | None = None) -> dict[str, str]:
+    """Demangled function name -> mangled symbol, for the uprobes on ps-lite's ZMQVan."""
+    return {f: p.symbol for f, p in van_uprobe_points(lib).items()}
