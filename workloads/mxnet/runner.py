@@ -85,7 +85,9 @@ class LoopbackCluster:
 
 @dataclass(frozen=True)
 class ProcSpec:
-    name: str          # "scheduler", "server-0", "worker-1"
+    # "scheduler", "server-0", "worker-1": the placement index, NOT the rank;
+    # ps-lite's scheduler hands out ranks in order of arrival (see ProcInfo.rank).
+    name: str
     role: str          # DMLC_ROLE
     host: Any          # the cluster's host object
 
@@ -287,7 +289,8 @@ class MxnetJob:
                                  f"{', '.join(left)}")
             time.sleep(POLL_INTERVAL_S)
         for info, _p in self.procs:
-            info.node_id = _node_id(info.log)
+            # ps-lite's scheduler is always node 1 and logs no "connected" line.
+            info.node_id = 1 if info.role == "scheduler" else _node_id(info.log)
         return MxnetResult(self.out_dir, self.mode, self.servers, self.workers, self.root_uri,
                            self.root_port, time.monotonic() - self._t_start,
                            [i for i, _ in self.procs])
