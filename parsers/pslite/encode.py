@@ -1,0 +1,115 @@
+"""Build ps-lite messages and their ZMTP bytes, the way ps-lite's ZMQ van sends them.
+
+A ps-lite message is frame 0 = the serialized PBMeta, then one frame per entry of
+PBMeta.data_type (KVWorker: keys uint64, vals, and lens int32 when values have
+varying lengths). `message_frames` builds those frames (send them with pyzmq, as
+the recorder in tests/data/pslite does); `encode_stream` frames them as ZMTP 3
+bytes after a greeting and READY, for tests that want bytes without a socket.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .meta import Cmd, DataType, PBMeta
+from .zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE, GREETING_BYTES
+
+
+@dataclass
+class MessageSpec:
+    """What a ps-lite message says; `meta()` and `frames()` turn it into bytes."""
+    request: bool = True
+    push: bool = True
+    pull: bool | None = None  # None: leave the field out (older ps-lite, MXNet)
+    app_id: int = 0
+    customer_id: int = 0
+    timestamp: int | None = 0
+    head: int = 0
+    simple_app: bool = False
+    control_cmd: Cmd | None = None
+    control_nodes: Sequence[tuple] = ()  # (role, id, hostname, port)
+    keys: Sequence[int] | None = None  # None: no data frames
+    vals: bytes = b""
+    val_type: DataType = DataType.FLOAT
+    lens: Sequence[int] | None = None
+    extra: dict = field(default_factory=dict)  # more PBMeta fields (body...)
+
+    def meta(self) -> PBMeta:
+        # the fields ps-lite's PackMeta always sets, then the optional ones
+        m = PBMeta(head=self.head, push=self.push, request=self.request,
+                   simple_app=self.simple_app, customer_id=self.customer_id, **self.extra)
+        m.app_id = self.app_id
+        if self.timestamp is not None:
+            m.timestamp = self.timestamp
+        if self.pull is not None:
+            m.pull = self.pull
+        if self.keys is not None:
+            m.data_type.append(DataType.UINT64)
+            m.data_type.append(self.val_type)
+            if self.lens is not None:
+                m.data_type.append(DataType.INT32)
+        if self.control_cmd is not None:
+            m.control.cmd = self.control_cmd
+            for role, node_id, host, port in self.control_nodes:
+                m.control.node.add(role=role, id=node_id, hostname=host, port=port)
+        return m
+
+    def frames(self) -> list[bytes]:
+        out = [self.meta().SerializeToString()]
+        if self.keys is not None:
+            out.append(np.asarray(self.keys, dtype="<u8").tobytes())
+            out.append(bytes(self.vals))
+            if self.lens is not None:
+                out.append(np.asarray(self.lens, dtype="<i4").tobytes())
+        return out
+
+
+def frame_bytes(body: bytes, more: bool = False, command: bool = False) -> bytes:
+    """One ZMTP frame: flags, 1- or 8-octet size (LONG above 255, as libzmq does), body."""
+    flags = (FLAG_MORE if more else 0) | (FLAG_COMMAND if command else 0)
+    n = len(body)
+    if n > 255:
+        return bytes([flags | FLAG_LONG]) + n.to_bytes(8, "big") + body
+    return bytes([flags, n]) + body
+
+
+def greeting_bytes(mechanism: bytes = b"NULL", as_server: bool = False, minor: int = 1) -> bytes:
+    # libzmq fills the signature padding with ZMTP/1.0 compatibility data; any is valid
+    g = b"\xff" + b"\x00" * 7 + b"\x01" + b"\x7f" + bytes([3, minor])
+    g += mechanism.ljust(20, b"\x00") + bytes([1 if as_server else 0])
+    g += b"\x00" * 31
+    assert len(g) == GREETING_BYTES
+    return g
+
+
+def command_bytes(name: bytes, data: bytes = b"") -> bytes:
+    return frame_bytes(bytes([len(name)]) + name + data, command=True)
+
+
+def ready_bytes(socket_type: bytes = b"DEALER", identity: bytes | None = None) -> bytes:
+    props = [(b"Socket-Type", socket_type)]
+    if identity is not None:
+        props.append((b"Identity", identity))
+    data = b"".join(bytes([len(k)]) + k + len(v).to_bytes(4, "big") + v for k, v in props)
+    return command_bytes(b"READY", data)
+
+
+def message_bytes(frames: Sequence[bytes]) -> bytes:
+    last = len(frames) - 1
+    return b"".join(frame_bytes(f, more=i < last) for i, f in enumerate(frames))
+
+
+def encode_stream(messages: Sequence[MessageSpec | Sequence[bytes]], identity: bytes | None = b"ps9",
+                  socket_type: bytes = b"DEALER", handshake: bool = True):
+    """Greeting + READY + the messages. Returns (bytes, [(first, last) offsets per message])."""
+    parts = [greeting_bytes() + ready_bytes(socket_type, identity)] if handshake else []
+    pos = len(parts[0]) if parts else 0
+    spans = []
+    for m in messages:
+        b = message_bytes(m.frames() if isinstance(m, MessageSpec) else m)
+        parts.append(b)
+        spans.append((pos, pos + len(b) - 1))
+        pos += len(b)
+    return b"".join(parts), spans

@@ -1,0 +1,172 @@
+"""What the parser says about one ps-lite message, and how a PBMeta frame is read.
+
+ps-lite (every variant we know: dmlc, MXNet's copy, BytePS) serialises the message
+meta with `head`, `push`, `request` and `simple_app` always set, so a frame that
+lacks `request` or `push` is not a ps-lite meta. That, and sane values in the fields
+we use, is what lets the parser tell a real meta from bytes that merely decode as
+protobuf (any short byte string does).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from .meta import DATA_TYPE_BYTES, PBMeta, DataType
+
+# What a data frame may claim as its element type: ps::DataType values (0..11)
+MAX_DATA_TYPE = max(DataType)
+# ps-lite sends keys, vals and lens; we allow a few more frames for variants
+MAX_DATA_FRAMES = 8
+# Control commands: ps-lite has 0..5; variants (BytePS, P3, PHub) add a few more
+MAX_CONTROL_CMD = 31
+INT32_MAX = 2**31 - 1
+# The element widths of keys, vals and lens when a meta carries no data_type
+# (ps-lite's KVWorker convention: Key is uint64, vals are untyped here, lens int32)
+DEFAULT_DATA_TYPES = (DataType.UINT64, DataType.CHAR, DataType.INT32)
+KEY_TYPES = (DataType.UINT64, DataType.INT64)
+
+
+class Kind(str, enum.Enum):
+    CONTROL = "control"  # PBMeta.control set: ADD_NODE, BARRIER, HEARTBEAT, TERMINATE, ACK
+    DATA = "data"  # application traffic (KVWorker/KVServer, or SimpleApp when simple_app)
+
+
+class Op(str, enum.Enum):
+    PUSH = "push"
+    PULL = "pull"
+    PUSHPULL = "pushpull"  # both flags set (variants that fuse the two)
+    UNKNOWN = "unknown"  # a data response whose op the meta does not tell (see PsMessage)
+    NONE = "none"  # control and SimpleApp messages: neither push nor pull
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """One node of a control message (ADD_NODE lists them: the way to map host:port to ids)."""
+    node_id: int | None
+    role: int | None
+    hostname: str
+    port: int | None
+
+
+@dataclass(slots=True)
+class PsMessage:
+    """One ps-lite message seen on one direction of one TCP connection.
+
+    Offsets count bytes from the connection's first byte in this direction (the
+    byte after the SYN), so TCP sequence = initial sequence + 1 + offset (mod 2**32).
+
+    `op`: newer ps-lite sends both `push` and `pull`; then they are taken as they
+    are. Older ps-lite, such as the copy inside MXNet, has no `pull` field: a data
+    request that is not a push is then a pull; a response with `push` set answers a
+    push; a response without it that carries data frames answers a pull; a response
+    without either is marked UNKNOWN (an empty pull answer and a SimpleApp reply
+    look alike there). Control and SimpleApp messages have op NONE.
+    """
+    first_byte_offset: int  # stream offset of the first byte of its first frame header
+    last_byte_offset: int  # stream offset of its last byte (inclusive)
+    kind: Kind
+    cmd: int  # ps::Control::Command for control messages; 0 (EMPTY) for data
+    request: bool
+    op: Op
+    has_pull_field: bool  # False for older ps-lite (MXNet): op was inferred
+    simple_app: bool
+    head: int
+    app_id: int | None
+    customer_id: int | None
+    timestamp: int | None
+    sender_node_id: int | None  # from the READY identity "ps<id>"; None if not seen
+    num_keys: int
+    key_sample: tuple[int, ...]  # up to N keys chosen by hash (keysample.py), sorted
+    key_sample_complete: bool  # False when a gap hid part of the keys frame
+    value_bytes: int  # size of the vals frame
+    data_frames: int  # frames after the meta frame
+    meta_bytes: int  # size of the PBMeta frame body
+    data_types: tuple[int, ...]
+    nodes: tuple[NodeInfo, ...]  # control messages (ADD_NODE...): the nodes they list
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes on the wire: every frame header and body of the message."""
+        return self.last_byte_offset - self.first_byte_offset + 1
+
+    @property
+    def end_offset(self) -> int:
+        """The stream offset just after the message (exclusive end)."""
+        return self.last_byte_offset + 1
+
+
+@dataclass(slots=True)
+class MetaInfo:
+    """The fields of a PBMeta that the parser uses, read once."""
+    kind: Kind
+    cmd: int
+    request: bool
+    push: bool
+    pull: bool | None  # None: the field is absent (older ps-lite)
+    simple_app: bool
+    head: int
+    app_id: int | None
+    customer_id: int | None
+    timestamp: int | None
+    data_types: tuple[int, ...]
+    nodes: tuple[NodeInfo, ...]
+
+
+def read_meta(body) -> MetaInfo | None:
+    """Decode a PBMeta frame body; None unless it is a plausible ps-lite meta."""
+    try:
+        m = PBMeta.FromString(body)
+    except (DecodeError, ValueError, TypeError):
+        return None
+    if not (m.HasField("request") and m.HasField("push")):
+        return None
+    dts = tuple(m.data_type)
+    if len(dts) > MAX_DATA_FRAMES or any(d < 0 or d > MAX_DATA_TYPE for d in dts):
+        return None
+    app_id = m.app_id if m.HasField("app_id") else None
+    customer_id = m.customer_id if m.HasField("customer_id") else None
+    timestamp = m.timestamp if m.HasField("timestamp") else None
+    for v in (app_id, customer_id, timestamp):
+        if v is not None and v < 0:
+            return None
+    nodes: tuple[NodeInfo, ...] = ()
+    if m.HasField("control"):
+        c = m.control
+        if not (0 <= c.cmd <= MAX_CONTROL_CMD):
+            return None
+        kind, cmd = Kind.CONTROL, c.cmd
+        if c.node:
+            nodes = tuple(NodeInfo(n.id if n.HasField("id") else None,
+                                   n.role if n.HasField("role") else None,
+                                   n.hostname, n.port if n.HasField("port") else None)
+                          for n in c.node)
+    else:
+        kind, cmd = Kind.DATA, 0
+    return MetaInfo(kind, cmd, m.request, m.push, m.pull if m.HasField("pull") else None,
+                    m.simple_app, m.head, app_id, customer_id, timestamp, dts, nodes)
+
+
+def infer_op(meta: MetaInfo, data_frames: int) -> Op:
+    """push/pull per the PsMessage docstring."""
+    if meta.kind is Kind.CONTROL or meta.simple_app:
+        return Op.NONE
+    if meta.pull is not None:
+        if meta.push and meta.pull:
+            return Op.PUSHPULL
+        if meta.push:
+            return Op.PUSH
+        if meta.pull:
+            return Op.PULL
+        return Op.UNKNOWN
+    if meta.push:
+        return Op.PUSH
+    if meta.request or data_frames > 0:
+        return Op.PULL
+    return Op.UNKNOWN
+
+
+def element_bytes(data_type: int) -> int:
+    """Width of one element of a data frame; 1 for CHAR/OTHER (any size is whole)."""
+    return DATA_TYPE_BYTES.get(data_type, 1)

@@ -1,0 +1,686 @@
+"""Incremental parser of one direction of one TCP connection carrying ps-lite over ZMTP 3.
+
+Feed it the bytes of the stream in order, in chunks cut anywhere (`feed`); say when
+bytes were lost (`gap`); get back the ps-lite messages whose last byte arrived. It
+keeps only frame headers, the meta frame (up to `meta_max_bytes`) and the key
+sample: data frames are walked, never buffered.
+
+Sync. A stream that starts with the ZMTP greeting is in sync from its first byte.
+One joined mid-stream, or one that lost bytes where a frame header was, is
+"hunting": it scans for a frame header followed by a PBMeta that decodes as a
+ps-lite meta (message.read_meta), then follows that candidate *tentatively*: the
+data frames must agree with the meta (count, element widths, keys/vals/lens sizes)
+and the next message's meta must decode too. Only then is the chain confirmed and
+its messages released; if any link fails, the parser goes back to the byte after
+the candidate and scans again (it keeps a bounded replay of what it consumed
+meanwhile). A synced stream that meets a header or meta that makes no sense
+(garbage) falls back to hunting from the byte after that header, so no message
+that follows is swallowed by a bogus frame size.
+
+Every byte ends up counted once: in a message, in the handshake (greeting and
+commands), as unparsed (seen, not understood), as lost (announced by `gap`), or
+still pending (a message or a hunting window in progress): see `stats()`.
+Nothing raises on bad input.
+"""
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from .keysample import KEY_BYTES, KeySampler
+from .message import (DEFAULT_DATA_TYPES, KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes,
+                      infer_op, read_meta)
+from .meta import node_id_of_identity
+from .zmtp import (CLEAR_MECHANISMS, FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_RESERVED,
+                   GREETING_BYTES, Greeting, greeting_prefix_ok, parse_command, parse_greeting)
+
+# parser states
+_GREETING, _HEADER, _META, _COMMAND, _KEYS_SMALL, _KEYS, _SKIP, _HUNT, _OPAQUE = range(9)
+# work items: data to parse, bytes lost (gap), bytes discarded by an overflowing replay
+_DATA, _GAP, _DISCARD = range(3)
+
+_U64_BE = struct.Struct(">Q")
+# Commands are small (READY carries a few properties); larger means garbage.
+COMMAND_MAX_BYTES = 65536
+# A data frame claiming more than this while a chain is still tentative is not believed.
+TENTATIVE_FRAME_MAX_BYTES = 1 << 34
+# A match is a place where a message (or a greeting) may start: a short frame header
+# (flags 0 or MORE, size >= 4: a meta holding `request` and `push` needs 4 bytes) or a
+# long one (size 256..65535) then the first tag of a PBMeta (fields 1..11; ps-lite
+# sets `head`, field 1, so in practice 0x08); or the greeting's signature + major>=3.
+_PB_FIRST_TAG = rb"[\x08\x12\x1a\x20\x28\x30\x38\x40\x48\x4a\x50\x58]"
+_CANDIDATE = re.compile(
+    rb"[\x00\x01][\x04-\xff]" + _PB_FIRST_TAG
+    + rb"|[\x02\x03]\x00\x00\x00\x00\x00\x00[\x01-\xff][\x00-\xff]" + _PB_FIRST_TAG
+    + rb"|\xff[\x00-\xff]{8}\x7f[\x03-\xff]",
+    re.DOTALL)
+# bytes at the end of a hunting window that may still begin a match (11-byte greeting prefix)
+_HUNT_TAIL_BYTES = 10
+_REJECT, _NEED_MORE, _ACCEPT_FRAME, _ACCEPT_GREETING = range(4)
+
+
+@dataclass(slots=True)
+class ParserStats:
+    """Byte and message counters of one stream (all since the parser was made).
+
+    fed_bytes + gap_bytes == message_bytes + handshake_bytes + unparsed_bytes
+                             + lost_bytes + pending_bytes
+    (gap bytes that fell inside a data frame the parser skips anyway are not lost:
+    they are part of that message's bytes).
+    """
+    fed_bytes: int
+    gap_bytes: int
+    message_bytes: int
+    handshake_bytes: int  # greeting and ZMTP commands
+    unparsed_bytes: int  # seen but not understood: garbage, partial messages cut by a gap
+    lost_bytes: int  # announced lost by gap() and not absorbed inside a skipped frame
+    pending_bytes: int  # in a message or a hunting window still in progress
+    messages: int
+    resyncs: int  # times sync was found by hunting (mid-stream start, after a gap or garbage)
+    desyncs: int  # times a synced stream met bytes that made no sense and went hunting
+
+
+class PsliteStreamParser:
+    """One direction of one ZMTP connection (see the module docstring).
+
+    mid_stream: the first byte fed is not the connection's first byte (start hunting).
+    start_offset: stream offset of the first byte fed (message offsets count from it).
+    """
+
+    def __init__(self, *, mid_stream: bool = False, start_offset: int = 0,
+                 meta_max_bytes: int = 65536, key_sample_max: int = 16,
+                 replay_max_bytes: int = 256 * 1024):
+        self.meta_max_bytes = meta_max_bytes
+        self.key_sample_max = key_sample_max
+        self.replay_max_bytes = max(1, replay_max_bytes)
+        self.offset = start_offset  # stream offset of the next byte
+        self.greeting: Greeting | None = None
+        self.socket_type: bytes | None = None  # from READY
+        self.identity: bytes | None = None  # from READY
+        self.sender_node_id: int | None = None  # ps-lite identity "ps<id>"
+        self.error_reason: bytes | None = None  # from an ERROR command
+        self._start = start_offset
+        self._fed = self._gaps = 0
+        self._msg_bytes = self._hs_bytes = self._unparsed = self._lost = 0
+        self._messages = self._resyncs = self._desyncs = 0
+        self._acct = start_offset  # every byte before this one is counted somewhere
+        self._state = _HUNT if mid_stream else _GREETING
+        self._out: list[PsMessage] = []
+        # frame in progress
+        self._hdr = bytearray()  # a frame header split across chunks
+        self._body = bytearray()  # a buffered body (greeting, meta, command, few keys)
+        self._frame_hdr = b""  # header bytes of the buffered frame, to rescan it if it is garbage
+        self._frame_abs = 0  # its stream offset
+        self._need = 0  # bytes still to buffer (_META, _COMMAND, _KEYS_SMALL)
+        self._remaining = 0  # bytes still to walk (_KEYS, _SKIP)
+        self._more = False  # MORE flag of the current frame
+        # message in progress
+        self._frame_idx = 0  # 0: the next frame starts a message (meta); i: i-th data frame
+        self._msg_first = 0
+        self._meta: MetaInfo | None = None
+        self._meta_bytes = 0
+        self._dts: tuple[int, ...] = ()
+        self._dts_declared = False  # data_type came from the meta (not defaulted)
+        self._has_keys = False
+        self._num_keys = 0
+        self._value_bytes = 0
+        self._sample: tuple[int, ...] = ()
+        self._sample_complete = True
+        self._sampler: KeySampler | None = None
+        # hunting window
+        self._hunt = bytearray()
+        self._hunt_base = start_offset
+        # tentative chain
+        self._tentative = False
+        self._tent_start = 0
+        self._tent_msgs = 0
+        self._snapshot: tuple = ()
+        self._pending: list[PsMessage] = []
+        self._replay: list = []  # work items consumed while tentative
+        self._replay_bytes = 0
+        self._replay_over = [0, 0]  # unparsed, lost bytes past the replay cap
+
+    # ---------------------------------------------------------------- public API
+    def feed(self, data) -> list[PsMessage]:
+        """Parse the next bytes of the stream; return the messages they completed."""
+        mv = data if isinstance(data, memoryview) else memoryview(data)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        self._fed += len(mv)
+        out = self._out = []
+        items = self._consume(mv)
+        if items:
+            self._run(items)
+        return out
+
+    def gap(self, n_bytes: int) -> list[PsMessage]:
+        """`n_bytes` of the stream were lost (not seen). Returns messages this completes
+        (a gap that falls inside a data frame the parser skips anyway loses nothing)."""
+        out = self._out = []
+        if n_bytes > 0:
+            self._gaps += n_bytes
+            self._run([(_GAP, n_bytes)])
+        return out
+
+    def close(self) -> list[PsMessage]:
+        """End of stream. A tentative chain whose last message ended exactly here is
+        accepted (the end of the stream is a boundary as good as a next header); bytes
+        still pending become unparsed."""
+        out = self._out = []
+        if (self._tentative and self._tent_msgs and self._state == _HEADER
+                and self._frame_idx == 0 and not self._hdr):
+            self._confirm()
+        elif self._tentative:
+            self._rollback_counters()
+        if self._state == _HUNT:
+            self._hunt.clear()
+        self._unparsed += self.offset - self._acct
+        self._acct = self._hunt_base = self.offset
+        self._reset_message()
+        self._state = _HUNT
+        return out
+
+    @property
+    def synced(self) -> bool:
+        """In sync and confirmed (not hunting, not following a tentative chain)."""
+        return self._state not in (_HUNT, _OPAQUE) and not self._tentative
+
+    def stats(self) -> ParserStats:
+        # while tentative, what the chain consumed is pending: count from the snapshot
+        if self._tentative:
+            msgs, mb, hb, unp, lost, acct = self._snapshot
+        else:
+            msgs, mb, hb, unp, lost, acct = (self._messages, self._msg_bytes, self._hs_bytes,
+                                             self._unparsed, self._lost, self._acct)
+        return ParserStats(self._fed, self._gaps, mb, hb, unp, lost, self.offset - acct, msgs,
+                           self._resyncs, self._desyncs)
+
+    # ---------------------------------------------------------------- work loop
+    def _run(self, items: list) -> None:
+        """Process work items in order; a rollback puts its replay in front."""
+        items.reverse()  # a stack: pop() takes the next item
+        while items:
+            kind, x = items.pop()
+            if kind == _DATA:
+                more = self._consume(x)
+            elif kind == _GAP:
+                more = self._on_gap(x)
+            else:
+                more = self._on_discard(*x)
+            if more:
+                items.extend(reversed(more))
+
+    def _consume(self, mv: memoryview) -> list | None:
+        """Parse `mv`; return work items to run instead of its unparsed rest (rollback,
+        or a chain found while hunting), else None."""
+        n = len(mv)
+        base = self.offset
+        pos = 0
+        while pos < n:
+            st = self._state
+            if st == _SKIP:
+                r = self._remaining
+                if r > n - pos:
+                    self._remaining = r - (n - pos)
+                    pos = n
+                    break
+                pos += r
+                self._remaining = 0
+                self._frame_done(base + pos)
+            elif st == _HEADER:
+                if self._hdr or n - pos < 9:
+                    # slow path: a header that may be split across chunks
+                    hdr, pos = self._take_header(mv, pos)
+                    if hdr is None:
+                        break
+                    flags, size, hl = hdr[0], self._size_of(hdr), len(hdr)
+                    hdr_abs = base + pos - hl
+                else:
+                    flags = mv[pos]
+                    if flags & FLAG_LONG:
+                        size = _U64_BE.unpack_from(mv, pos + 1)[0]
+                        hl = 9
+                    else:
+                        size = mv[pos + 1]
+                        hl = 2
+                    hdr = mv[pos:pos + hl]
+                    hdr_abs = base + pos
+                    pos += hl
+                if self._on_header(flags, size, hdr, hdr_abs) is False:
+                    return self._rollback(mv, pos)
+            elif st == _KEYS:
+                take = min(self._remaining, n - pos)
+                self._sampler.add(mv[pos:pos + take])
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._frame_done(base + pos)
+            elif st == _META or st == _COMMAND or st == _KEYS_SMALL:
+                need = self._need
+                if not self._body and n - pos >= need:
+                    body = mv[pos:pos + need]
+                    pos += need
+                else:
+                    take = min(need - len(self._body), n - pos)
+                    self._body += mv[pos:pos + take]
+                    pos += take
+                    if len(self._body) < need:
+                        break
+                    body = bytes(self._body)
+                    self._body.clear()
+                if self._on_body(st, body, base + pos) is False:
+                    return self._rollback(mv, pos)
+            elif st == _HUNT:
+                self.offset = base + n
+                return self._hunt_feed(mv[pos:], base + pos)
+            elif st == _GREETING:
+                pos = self._greeting_feed(mv, pos, base)
+            else:  # _OPAQUE: CURVE-encrypted traffic
+                self._unparsed += n - pos
+                self._acct += n - pos
+                pos = n
+        self.offset = base + n
+        if self._tentative:
+            self._record((_DATA, bytes(mv)), n, 0)
+        return None
+
+    # ---------------------------------------------------------------- frames
+    def _take_header(self, mv, pos):
+        """Gather a frame header across chunks: (header bytes, new pos) or (None, pos)."""
+        h = self._hdr
+        n = len(mv)
+        if not h:
+            h.append(mv[pos])
+            pos += 1
+        want = 9 if h[0] & FLAG_LONG else 2
+        take = min(want - len(h), n - pos)
+        h += mv[pos:pos + take]
+        pos += take
+        if len(h) < want:
+            return None, pos
+        hdr = bytes(h)
+        h.clear()
+        return hdr, pos
+
+    @staticmethod
+    def _size_of(hdr) -> int:
+        return _U64_BE.unpack_from(hdr, 1)[0] if hdr[0] & FLAG_LONG else hdr[1]
+
+    def _on_header(self, flags: int, size: int, hdr, hdr_abs: int):
+        """A frame header was read. Returns False to roll back a tentative chain."""
+        if flags & FLAGS_RESERVED:
+            return self._fail(hdr, hdr_abs)
+        self._more = bool(flags & FLAG_MORE)
+        if self._frame_idx == 0:
+            self._frame_hdr = bytes(hdr)
+            self._frame_abs = hdr_abs
+            if flags & FLAG_COMMAND:
+                if flags & FLAG_MORE or size == 0 or size > COMMAND_MAX_BYTES:
+                    return self._fail(hdr, hdr_abs)
+                self._state, self._need = _COMMAND, size
+            else:
+                if size == 0 or size > self.meta_max_bytes:
+                    return self._fail(hdr, hdr_abs)
+                self._msg_first = hdr_abs
+                self._state, self._need = _META, size
+            return None
+        # a data frame of the message in progress
+        if flags & FLAG_COMMAND:
+            return self._fail(hdr, hdr_abs)
+        i = self._frame_idx
+        if self._tentative and not self._data_frame_plausible(i, size):
+            return False
+        if i == 1 and self._has_keys:
+            self._num_keys = size // KEY_BYTES
+            if size <= KEY_BYTES * self.key_sample_max:
+                self._state, self._need = _KEYS_SMALL, size
+                if size == 0:
+                    return self._on_body(_KEYS_SMALL, b"", hdr_abs + len(hdr))
+                return None
+            self._sampler = KeySampler(self.key_sample_max)
+            self._state, self._remaining = _KEYS, size
+            return None
+        if i == 2:
+            self._value_bytes = size
+        self._state, self._remaining = _SKIP, size
+        if size == 0:
+            self._frame_done(hdr_abs + len(hdr))
+        return None
+
+    def _data_frame_plausible(self, i: int, size: int) -> bool:
+        """Strict checks on data frame i (1-based) of a tentative chain: what ps-lite
+        sends (one frame per data_type, keys/vals/lens sizes that agree)."""
+        dts = self._dts
+        if i > len(dts) or size > TENTATIVE_FRAME_MAX_BYTES:
+            return False
+        if self._dts_declared and self._more != (i < len(dts)):
+            return False
+        if size % element_bytes(dts[i - 1]):
+            return False
+        if self._has_keys and self._num_keys:
+            if i == 2 and len(dts) == 2 and (size // element_bytes(dts[1])) % self._num_keys:
+                return False  # without lens, every key has the same number of values
+            if i == 3 and size // element_bytes(dts[2]) != self._num_keys:
+                return False  # one len per key
+        return True
+
+    def _on_body(self, st: int, body, end_abs: int):
+        """A buffered frame body is complete (meta, command or a few keys)."""
+        if st == _META:
+            return self._on_meta(body, end_abs)
+        if st == _COMMAND:
+            cmd = parse_command(body)
+            if cmd is None:
+                return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
+            if cmd.name == b"READY":
+                self.socket_type = cmd.properties.get(b"socket-type", self.socket_type)
+                if b"identity" in cmd.properties:
+                    self.identity = cmd.properties[b"identity"]
+                    self.sender_node_id = node_id_of_identity(self.identity)
+            elif cmd.name == b"ERROR":
+                self.error_reason = cmd.error_reason
+            self._hs_bytes += end_abs - self._acct
+            self._acct = end_abs
+            self._state = _HEADER
+            return None
+        # _KEYS_SMALL: every key is in the sample
+        n = len(body) // KEY_BYTES
+        self._sample = tuple(sorted(struct.unpack_from("<%dQ" % n, body))) if n else ()
+        self._frame_done(end_abs)
+        return None
+
+    def _on_meta(self, body, end_abs: int):
+        meta = read_meta(body)
+        more = self._more
+        if meta is None:
+            return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
+        declared = len(meta.data_types) > 0
+        if more and not declared and (meta.kind is Kind.CONTROL or meta.simple_app):
+            return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
+        if declared and not more:
+            return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
+        if self._tentative and self._tent_msgs:
+            self._confirm()  # the next meta decodes: the chain holds
+        self._meta = meta
+        self._meta_bytes = len(body)
+        self._dts_declared = declared
+        self._dts = meta.data_types if declared else (DEFAULT_DATA_TYPES if more else ())
+        self._has_keys = (meta.kind is Kind.DATA and not meta.simple_app and bool(self._dts)
+                          and self._dts[0] in KEY_TYPES)
+        self._num_keys = self._value_bytes = 0
+        self._sample = ()
+        self._sample_complete = True
+        self._sampler = None
+        if more:
+            self._frame_idx = 1
+            self._state = _HEADER
+        else:
+            self._finish_message(end_abs)
+        return None
+
+    def _frame_done(self, end_abs: int) -> None:
+        if self._more:
+            self._frame_idx += 1
+            self._state = _HEADER
+        else:
+            self._finish_message(end_abs)
+
+    def _finish_message(self, end_abs: int) -> None:
+        meta = self._meta
+        sampler = self._sampler
+        if sampler is not None:
+            sample, complete = sampler.result(), sampler.complete
+        else:
+            sample, complete = self._sample, self._sample_complete
+        data_frames = self._frame_idx
+        msg = PsMessage(
+            self._msg_first, end_abs - 1, meta.kind, meta.cmd, meta.request,
+            infer_op(meta, data_frames), meta.pull is not None, meta.simple_app, meta.head,
+            meta.app_id, meta.customer_id, meta.timestamp, self.sender_node_id,
+            self._num_keys, sample, complete, self._value_bytes, data_frames,
+            self._meta_bytes, meta.data_types, meta.nodes)
+        self._messages += 1
+        self._msg_bytes += end_abs - self._acct
+        self._acct = end_abs
+        if self._tentative:
+            self._pending.append(msg)
+            self._tent_msgs += 1
+        else:
+            self._out.append(msg)
+        self._reset_message()
+        self._state = _HEADER
+
+    def _reset_message(self) -> None:
+        self._frame_idx = 0
+        self._meta = None
+        self._sampler = None
+        self._hdr.clear()
+        self._body.clear()
+
+    # ---------------------------------------------------------------- greeting
+    def _greeting_feed(self, mv, pos: int, base: int) -> int:
+        g = self._body
+        take = min(GREETING_BYTES - len(g), len(mv) - pos)
+        g += mv[pos:pos + take]
+        pos += take
+        if not greeting_prefix_ok(g):
+            prefix = bytes(g)
+            g.clear()
+            self._fail(prefix, base + pos - len(prefix))
+            return pos
+        if len(g) < GREETING_BYTES:
+            return pos
+        greeting = parse_greeting(g)
+        prefix = bytes(g)
+        g.clear()
+        if greeting is None:
+            self._fail(prefix, base + pos - len(prefix))
+            return pos
+        self.greeting = greeting
+        self._hs_bytes += GREETING_BYTES
+        self._acct = base + pos
+        self._state = _HEADER if greeting.mechanism in CLEAR_MECHANISMS else _OPAQUE
+        return pos
+
+    # ---------------------------------------------------------------- losing sync
+    def _fail(self, prefix, prefix_abs: int):
+        """Bytes at `prefix_abs` (`prefix`: the ones already taken from the stream) make
+        no sense here. Tentative: roll back (returns False). Synced: what came before in
+        this message is unparsed; hunt again from the byte after `prefix_abs`."""
+        if self._tentative:
+            return False
+        self._desyncs += 1
+        self._unparsed += prefix_abs + 1 - self._acct
+        self._reset_message()
+        self._state = _HUNT
+        self._hunt = bytearray(prefix[1:])
+        self._hunt_base = self._acct = prefix_abs + 1
+        return None
+
+    def _lose_sync(self) -> None:
+        """Drop whatever is in progress as unparsed (a gap or discard follows)."""
+        self._unparsed += self.offset - self._acct
+        self._acct = self.offset
+        self._reset_message()
+        self._hunt.clear()
+        self._state = _HUNT
+
+    def _on_gap(self, n: int) -> list | None:
+        st = self._state
+        if st == _KEYS_SMALL and self._need - len(self._body) >= n:
+            # stream the few keys we have through a sampler, which can skip
+            s = self._sampler = KeySampler(self.key_sample_max)
+            s.add(self._body)
+            self._remaining = self._need - len(self._body)
+            self._body.clear()
+            st = self._state = _KEYS
+        if st in (_SKIP, _KEYS) and self._remaining >= n:
+            if st == _KEYS:
+                self._sampler.skip(n)
+            self._remaining -= n
+            self.offset += n
+            if self._tentative:
+                self._record((_GAP, n), 0, n)
+            if not self._remaining:
+                self._frame_done(self.offset)
+            return None
+        if self._tentative:
+            return self._rollback(None, 0) + [(_GAP, n)]
+        self._lose_sync()
+        self._lost += n
+        self.offset += n
+        self._acct = self._hunt_base = self.offset
+        return None
+
+    def _on_discard(self, unparsed: int, lost: int) -> list | None:
+        """Bytes past a replay's cap: counted, and a break in the stream."""
+        if self._tentative:
+            return self._rollback(None, 0) + [(_DISCARD, (unparsed, lost))]
+        self._lose_sync()
+        self._unparsed += unparsed
+        self._lost += lost
+        self.offset += unparsed + lost
+        self._acct = self._hunt_base = self.offset
+        return None
+
+    # ---------------------------------------------------------------- hunting
+    def _hunt_feed(self, mv, mv_abs: int) -> list | None:
+        """Scan for a message start (or a greeting); on one, return the window from it
+        as work to parse (tentatively); else keep only what may still start one."""
+        buf = self._hunt
+        if not buf:
+            self._hunt_base = mv_abs
+        buf += mv
+        pos = 0
+        while True:
+            m = _CANDIDATE.search(buf, pos)
+            if m is None:
+                break
+            j = m.start()
+            verdict = self._judge(buf, j)
+            if verdict == _NEED_MORE:
+                self._drop_hunted(j)
+                return None
+            if verdict != _REJECT:
+                self._drop_hunted(j)
+                start = self._hunt_base
+                rest = bytes(buf)
+                buf.clear()
+                self.offset = start
+                if verdict == _ACCEPT_GREETING:
+                    self._resyncs += 1
+                    self._state = _GREETING
+                else:
+                    self._begin_tentative(start)
+                return [(_DATA, memoryview(rest))]
+            pos = j + 1
+        self._drop_hunted(max(0, len(buf) - _HUNT_TAIL_BYTES))
+        return None
+
+    def _drop_hunted(self, k: int) -> None:
+        """The first k bytes of the hunting window cannot start anything: unparsed."""
+        if k:
+            del self._hunt[:k]
+            self._unparsed += k
+            self._hunt_base += k
+            self._acct = self._hunt_base
+
+    def _judge(self, buf, j: int) -> int:
+        if buf[j] == 0xFF:
+            if len(buf) - j < GREETING_BYTES:
+                return _NEED_MORE
+            return _ACCEPT_GREETING if parse_greeting(buf[j:j + GREETING_BYTES]) else _REJECT
+        long = buf[j] & FLAG_LONG
+        hl = 9 if long else 2
+        size = _U64_BE.unpack_from(buf, j + 1)[0] if long else buf[j + 1]
+        if size > self.meta_max_bytes:
+            return _REJECT
+        if len(buf) - j < hl + size:
+            return _NEED_MORE
+        meta = read_meta(memoryview(buf)[j + hl:j + hl + size])
+        if meta is None:
+            return _REJECT
+        more = bool(buf[j] & FLAG_MORE)
+        if bool(meta.data_types) != more and (meta.data_types or meta.kind is Kind.CONTROL
+                                              or meta.simple_app):
+            return _REJECT
+        return _ACCEPT_FRAME
+
+    # ---------------------------------------------------------------- tentative chains
+    def _begin_tentative(self, start_abs: int) -> None:
+        self._tentative = True
+        self._tent_start = start_abs
+        self._tent_msgs = 0
+        self._snapshot = (self._messages, self._msg_bytes, self._hs_bytes, self._unparsed,
+                          self._lost, self._acct)
+        self._pending = []
+        self._replay = []
+        self._replay_bytes = 0
+        self._replay_over = [0, 0]
+        self._state = _HEADER
+        self._reset_message()
+
+    def _record(self, item, n_data: int, n_gap: int) -> None:
+        """Keep what a tentative chain consumed, up to the cap, for a rollback: the
+        replay is always a contiguous prefix of the chain; the rest is only counted."""
+        over = self._replay_over
+        if over[0] or over[1]:
+            over[0] += n_data
+            over[1] += n_gap
+            return
+        room = self.replay_max_bytes - self._replay_bytes
+        if n_data > room:
+            if room > 0:
+                self._replay.append((_DATA, item[1][:room]))
+                self._replay_bytes += room
+            over[0] += n_data - room
+            return
+        self._replay.append(item)
+        self._replay_bytes += n_data
+
+    def _confirm(self) -> None:
+        self._tentative = False
+        self._resyncs += 1
+        self._out.extend(self._pending)
+        self._pending = []
+        self._replay = []
+
+    def _rollback_counters(self) -> None:
+        (self._messages, self._msg_bytes, self._hs_bytes, self._unparsed, self._lost,
+         self._acct) = self._snapshot
+        self._tentative = False
+        self._pending = []
+
+    def _rollback(self, mv, pos: int) -> list:
+        """The tentative chain broke (in `mv` at `pos`, or at a gap when mv is None): go
+        back to the byte after the chain's start and hunt again over what it consumed."""
+        self._rollback_counters()
+        items = self._replay
+        self._replay = []
+        over_unparsed, over_lost = self._replay_over
+        rest = None
+        if mv is not None:
+            # mv[:pos] was consumed by the chain (replayed up to the cap); mv[pos:] is new
+            room = 0 if (over_unparsed or over_lost) else self.replay_max_bytes - self._replay_bytes
+            if pos <= room:
+                items.append((_DATA, mv))
+            else:
+                if room > 0:
+                    items.append((_DATA, mv[:room]))
+                over_unparsed += pos - max(room, 0)
+                rest = mv[pos:]
+        if over_unparsed or over_lost:
+            items.append((_DISCARD, (over_unparsed, over_lost)))
+        if rest is not None and len(rest):
+            items.append((_DATA, rest))
+        # The replay starts with the chain's first bytes (the cap is >= 1 byte), and
+        # the first of them is the one byte known not to start a message.
+        kind, first = items[0]
+        items[0] = (kind, first[1:])
+        self._unparsed += 1
+        self.offset = self._acct = self._hunt_base = self._tent_start + 1
+        self._reset_message()
+        self._hunt.clear()
+        self._state = _HUNT
+        return items
