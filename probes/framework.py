@@ -1,0 +1,484 @@
+"""The framework-boundary probe: when a message crosses between the app and its messaging layer.
+
+Uprobes (probes/framework.bpf.c) on
+- libzmq (the copy a process loads, e.g. pyzmq's bundled one): zmq_msg_send,
+  zmq_msg_recv and zmq_socket. Each event is one frame; user space groups
+  frames into messages per (thread, socket): a message ends at a frame sent
+  without ZMQ_SNDMORE / received without "more". The frame's size and first
+  bytes are read through the zmq_msg_t layout calibrated on that very library
+  (probes/zmq_layout.py), so the PBMeta frame of ps-lite traffic is decoded to
+  its ids and the record can be matched to a wire message exactly.
+- ps-lite inside libmxnet.so: ps::ZMQVan::SendMsg entry/return and
+  ps::ZMQVan::RecvMsg entry/return. One event per message; the ids come from
+  the leading fields of ps::Meta (PS_META_FORMAT).
+
+Its own bcc object for now (independent of the syscall probe); records are
+plain dataclasses so everything downstream runs without root.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import re
+import struct
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from agent.errors import UserError
+from parsers.pslite.meta import PBMeta, node_id_of_identity
+from probes.zmq_layout import ZmqMsgLayout, calibrate
+
+NAME = "framework"
+SOURCE = Path(__file__).with_name("framework.bpf.c")
+CAPTURE_BYTES = 64            # bytes of each frame (or of ps::Meta) copied to user space
+DEFAULT_RINGBUF_PAGES = 256   # 1 MiB: ~7000 events of 144 bytes
+DEFAULT_INFLIGHT_MAX = 16384  # threads inside a traced call at once
+ZMQ_DEALER, ZMQ_ROUTER = 5, 6   # public libzmq socket type numbers
+ROUTING_ID_MAX_BYTES = 255      # libzmq refuses longer routing ids
+
+
+class Kind(enum.IntEnum):
+    """enum fw_kind in framework.bpf.c"""
+    ZMQ_SEND = 1
+    ZMQ_RECV = 2
+    ZMQ_SOCKET = 3
+    PS_SEND = 4
+    PS_RECV = 5
+
+
+COUNTERS = ("seen", "lost", "failed", "orphan", "inflight_full")  # enum fw_counter order
+
+
+class FwEvent(ctypes.Structure):
+    """Mirror of struct fw_event (checked against bcc's view of it at every start)."""
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64), ("ret_ts_ns", ctypes.c_uint64),
+        ("sock", ctypes.c_uint64), ("obj", ctypes.c_uint64), ("ret", ctypes.c_int64),
+        ("size", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("tid", ctypes.c_uint32),
+        ("arg", ctypes.c_int32), ("data_len", ctypes.c_uint16), ("kind", ctypes.c_uint8),
+        ("more", ctypes.c_uint8), ("msg_type", ctypes.c_uint8),
+        ("_pad", ctypes.c_uint8 * 7), ("data", ctypes.c_uint8 * CAPTURE_BYTES),
+    ]
+
+
+@dataclass(frozen=True)
+class AttachPoint:
+    symbol: str        # what the uprobe attaches to (mangled for C++)
+    entry_fn: str      # BPF function on entry
+    return_fn: str     # BPF function on return
+
+
+# The declaration: which symbols of which library feed which BPF functions.
+POINTS = {
+    "zmq": (
+        AttachPoint("zmq_msg_send", "zmq_send_entry", "zmq_send_return"),
+        AttachPoint("zmq_msg_recv", "zmq_recv_entry", "zmq_recv_return"),
+        AttachPoint("zmq_socket", "zmq_socket_entry", "zmq_socket_return"),
+    ),
+    "ps": (
+        AttachPoint("_ZN2ps6ZMQVan7SendMsgERKNS_7MessageE", "ps_send_entry", "ps_send_return"),
+        AttachPoint("_ZN2ps6ZMQVan7RecvMsgEPNS_7MessageE", "ps_recv_entry", "ps_recv_return"),
+    ),
+}
+
+# ps::Meta as in the ps-lite MXNet 1.9 ships: int head, app_id, customer_id,
+# timestamp, sender, recver; bool request, push, simple_app (then the body
+# string, whose layout depends on the C++ ABI: not read). Verified on a real
+# kvstore by tests/privileged/test_framework_probe_mxnet.py.
+PS_META_FORMAT = "<6i3?"
+PS_META_EMPTY = 2**31 - 1    # ps::Meta::kEmpty (std::numeric_limits<int>::max())
+
+_LIB_PATTERNS = {"zmq": re.compile(r"^libzmq[-.].*\.so"), "ps": re.compile(r"^libmxnet\.so$")}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A library to probe, in one process (pid) or in every process that maps it (pid None)."""
+    library: Path
+    layer: str             # "zmq" or "ps"
+    pid: int | None = None
+
+    def __post_init__(self):
+        if self.layer not in POINTS:
+            raise UserError(f"unknown framework layer {self.layer!r}; use one of {sorted(POINTS)}")
+        if self.pid is not None and (not isinstance(self.pid, int) or self.pid <= 0):
+            raise UserError(f"pid {self.pid!r} is not a process id; give a positive integer")
+
+
+def targets_of_pid(pid: int) -> list[Target]:
+    """The framework libraries a running process has mapped (libzmq*, libmxnet.so)."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError as e:
+        raise UserError(f"cannot read the libraries of process {pid} ({e.strerror}); "
+                        "check the pid (is it running?) and run as root") from None
+    found: dict[str, Target] = {}
+    for line in maps.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5].removesuffix(" (deleted)")
+        for layer, pattern in _LIB_PATTERNS.items():
+            if pattern.match(Path(path).name):
+                found.setdefault(path, Target(_visible_path(Path(path), pid), layer, pid))
+    return list(found.values())
+
+
+def _visible_path(path: Path, pid: int | None) -> Path:
+    """path as this process can open it (the traced one may live in another mount namespace)."""
+    if pid is None or path.exists():
+        return path
+    return Path(f"/proc/{pid}/root") / path.relative_to("/")
+
+
+# --- decoded events and records ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class FrameCall:
+    """One completed uprobe-observed call (a zmq frame, a ps-lite message, or a new socket)."""
+    kind: Kind
+    tgid: int
+    tid: int
+    sock: int
+    ts_ns: int          # entry
+    ret_ts_ns: int      # return
+    ret: int
+    size: int           # zmq frame size
+    more: bool
+    arg: int
+    head: bytes         # first bytes of the frame / of ps::Meta
+
+
+def decode_event(raw: bytes) -> FrameCall:
+    e = FwEvent.from_buffer_copy(raw[:ctypes.sizeof(FwEvent)])
+    return FrameCall(kind=Kind(e.kind), tgid=e.tgid, tid=e.tid, sock=e.sock, ts_ns=e.ts_ns,
+                     ret_ts_ns=e.ret_ts_ns, ret=e.ret, size=e.size, more=bool(e.more),
+                     arg=e.arg, head=bytes(e.data[:e.data_len]))
+
+
+@dataclass(frozen=True)
+class MetaIds:
+    """The ids of a ps-lite message. None: not present (or cut off by the capture)."""
+    app_id: int | None
+    customer_id: int | None
+    timestamp: int | None
+    request: bool | None
+    push: bool | None
+    head: int | None = None
+    control_cmd: int | None = None   # ps::Control::Command when a control message
+    simple_app: bool | None = None
+    sender: int | None = None
+    recver: int | None = None
+    truncated: bool = False          # the meta frame was longer than the capture
+
+
+@dataclass(frozen=True)
+class FrameworkMessage:
+    """One message at the framework boundary."""
+    layer: str                 # "zmq" (libzmq calls) or "ps" (ps::ZMQVan)
+    direction: str             # "send" or "recv"
+    tgid: int
+    tid: int
+    sock: int                  # zmq socket handle, or the ps::ZMQVan
+    ts_ns: int                 # the boundary: send = first call's entry, recv = last return
+    call_ts_ns: int            # entry of the first call
+    ret_ts_ns: int             # return of the last call
+    first_ret_ts_ns: int       # return of the first call (recv: first frame handed over)
+    total_bytes: int
+    frames: int | None         # zmq frames (None at the ps layer)
+    peer: bytes | None = None  # ROUTER routing id (recv: who sent it; send: to whom)
+    meta: MetaIds | None = None
+    frame_sizes: tuple[int, ...] = ()
+    frame_heads: tuple[bytes, ...] = ()
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int] | None:
+    value = shift = 0
+    while pos < len(buf) and shift < 64:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+    return None
+
+
+def _whole_fields_prefix(buf: bytes) -> int:
+    """Length of the longest prefix of buf made of whole protobuf fields."""
+    pos = end = 0
+    while pos < len(buf):
+        got = _varint(buf, pos)
+        if got is None:
+            break
+        key, pos = got
+        wire_type = key & 7
+        if wire_type == 0:
+            got = _varint(buf, pos)
+            if got is None:
+                break
+            pos = got[1]
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+        elif wire_type == 2:
+            got = _varint(buf, pos)
+            if got is None:
+                break
+            pos = got[1] + got[0]
+        else:
+            break
+        if pos > len(buf):
+            break
+        end = pos
+    return end
+
+
+def decode_pbmeta(head: bytes, size: int) -> MetaIds | None:
+    """Ids from a PBMeta frame of `size` bytes whose first len(head) bytes were captured.
+
+    A cut-off frame (control messages carry node lists) is decoded up to its
+    last whole field; ids after the cut are None. None if it is not a PBMeta.
+    """
+    truncated = size > len(head)
+    data = head[:_whole_fields_prefix(head)] if truncated else head
+    try:
+        pb = PBMeta.FromString(data)
+    except Exception:  # protobuf's DecodeError, or worse on garbage
+        return None
+    if not data or pb.ListFields() == []:
+        return None
+
+    def opt(name):
+        return getattr(pb, name) if pb.HasField(name) else None
+
+    return MetaIds(app_id=opt("app_id"), customer_id=opt("customer_id"),
+                   timestamp=opt("timestamp"), request=opt("request"), push=opt("push"),
+                   head=opt("head"), simple_app=opt("simple_app"),
+                   control_cmd=pb.control.cmd if pb.HasField("control") else None,
+                   truncated=truncated)
+
+
+def decode_ps_meta(head: bytes) -> MetaIds | None:
+    """Ids from the leading bytes of a ps::Meta (PS_META_FORMAT)."""
+    if len(head) < struct.calcsize(PS_META_FORMAT):
+        return None
+    hd, app, cust, ts, sender, recver, request, push, simple = struct.unpack_from(
+        PS_META_FORMAT, head)
+
+    def opt(v):
+        return None if v == PS_META_EMPTY else v
+
+    return MetaIds(app_id=opt(app), customer_id=opt(cust), timestamp=opt(ts), request=request,
+                   push=push, head=opt(hd), simple_app=simple, sender=opt(sender),
+                   recver=opt(recver))
+
+
+def _looks_like_routing_id(head: bytes, size: int) -> bool:
+    """A ROUTER's routing-id frame, told apart from a PBMeta without knowing the socket type.
+
+    ps-lite names its DEALERs "ps<node id>"; libzmq generates 5-byte ids
+    starting with a zero byte. A PBMeta starts with a field tag: never 0x00
+    (invalid tag), never "p" (field 14, not in PBMeta).
+    """
+    if size > ROUTING_ID_MAX_BYTES or not head:
+        return False
+    return node_id_of_identity(head) is not None or (size == 5 and head[0] == 0)
+
+
+class MessageAssembler:
+    """Frame calls -> framework messages (pure: unit-tested on hand-made calls)."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple, list[FrameCall]] = defaultdict(list)
+        self._sock_types: dict[tuple[int, int], int] = {}
+
+    @property
+    def open_messages(self) -> int:
+        """Messages with frames seen but not their last one (yet)."""
+        return len(self._open)
+
+    def feed(self, call: FrameCall) -> FrameworkMessage | None:
+        if call.kind == Kind.ZMQ_SOCKET:
+            self._sock_types[(call.tgid, call.sock)] = call.arg
+            return None
+        if call.kind in (Kind.PS_SEND, Kind.PS_RECV):
+            return self._ps_message(call)
+        direction = "send" if call.kind == Kind.ZMQ_SEND else "recv"
+        key = (call.tgid, call.tid, call.sock, direction)
+        frames = self._open[key]
+        frames.append(call)
+        if call.more:
+            return None
+        del self._open[key]
+        return self._zmq_message(direction, frames)
+
+    def _zmq_message(self, direction: str, frames: list[FrameCall]) -> FrameworkMessage:
+        first, last = frames[0], frames[-1]
+        body = frames
+        sock_type = self._sock_types.get((first.tgid, first.sock))
+        peer = None
+        if len(frames) >= 2 and (sock_type == ZMQ_ROUTER or (
+                sock_type is None and _looks_like_routing_id(first.head, first.size))):
+            peer, body = first.head, frames[1:]
+        meta = decode_pbmeta(body[0].head, body[0].size) if body else None
+        if meta is not None and peer is not None and direction == "recv":
+            meta = _with_sender(meta, node_id_of_identity(peer))
+        return FrameworkMessage(
+            layer="zmq", direction=direction, tgid=first.tgid, tid=first.tid, sock=first.sock,
+            ts_ns=first.ts_ns if direction == "send" else last.ret_ts_ns,
+            call_ts_ns=first.ts_ns, ret_ts_ns=last.ret_ts_ns, first_ret_ts_ns=first.ret_ts_ns,
+            total_bytes=sum(f.size for f in frames), frames=len(frames), peer=peer, meta=meta,
+            frame_sizes=tuple(f.size for f in frames), frame_heads=tuple(f.head for f in frames))
+
+    @staticmethod
+    def _ps_message(call: FrameCall) -> FrameworkMessage:
+        direction = "send" if call.kind == Kind.PS_SEND else "recv"
+        return FrameworkMessage(
+            layer="ps", direction=direction, tgid=call.tgid, tid=call.tid, sock=call.sock,
+            ts_ns=call.ts_ns if direction == "send" else call.ret_ts_ns,
+            call_ts_ns=call.ts_ns, ret_ts_ns=call.ret_ts_ns, first_ret_ts_ns=call.ret_ts_ns,
+            total_bytes=call.ret, frames=None, meta=decode_ps_meta(call.head))
+
+
+def _with_sender(meta: MetaIds, sender: int | None) -> MetaIds:
+    return replace(meta, sender=sender) if sender is not None else meta
+
+
+# --- the live probe ------------------------------------------------------------------------
+
+# A probe object without zmq targets still compiles the zmq functions (never
+# attached): they need some integer for each layout constant.
+_UNUSED_LAYOUT = {name: 0 for name in (
+    "ZMQ_TYPE_OFF", "ZMQ_FLAGS_OFF", "ZMQ_MORE_MASK", "ZMQ_VSM_TYPE", "ZMQ_VSM_DATA_OFF",
+    "ZMQ_VSM_SIZE_OFF", "ZMQ_VSM_MAX_BYTES", "ZMQ_LMSG_TYPE", "ZMQ_ZCLMSG_TYPE",
+    "ZMQ_CONTENT_PTR_OFF", "ZMQ_CONTENT_DATA_OFF", "ZMQ_CONTENT_SIZE_OFF", "ZMQ_CMSG_TYPE",
+    "ZMQ_CMSG_DATA_OFF", "ZMQ_CMSG_SIZE_OFF")}
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise UserError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
+    return value
+
+
+class FrameworkProbe:
+    """Uprobes on the given targets; poll() returns the framework messages seen since."""
+
+    def __init__(self, targets: Sequence[Target], *, ringbuf_pages: int = DEFAULT_RINGBUF_PAGES,
+                 inflight_max: int = DEFAULT_INFLIGHT_MAX) -> None:
+        if not targets:
+            raise UserError("no framework library to trace; give a pid that loads libzmq or "
+                            "libmxnet.so, or a library path")
+        pages = _check_int("ring buffer pages", ringbuf_pages, 1, 1 << 16)
+        if pages & (pages - 1):
+            raise UserError(f"ring buffer pages must be a power of two, not {pages}")
+        self.targets = list(targets)
+        self.layout = self._one_layout(self.targets)
+        self._defines = {
+            "FW_CAPTURE_BYTES": CAPTURE_BYTES, "FW_RINGBUF_PAGES": pages,
+            "FW_INFLIGHT_MAX": _check_int("inflight_max", inflight_max, 1, 1 << 20),
+            **(self.layout.bpf_defines() if self.layout else _UNUSED_LAYOUT),
+        }
+        for name, value in self._defines.items():
+            _check_int(name, value, 0, 1 << 20)
+        self._bpf = None
+        self._out: list[FrameworkMessage] = []
+        self.assembler = MessageAssembler()
+        self.decoded = 0
+
+    @staticmethod
+    def _one_layout(targets: Iterable[Target]) -> ZmqMsgLayout | None:
+        layouts = [calibrate(t.library) for t in targets if t.layer == "zmq"]
+        for other in layouts[1:]:
+            if not other.same_offsets(layouts[0]):
+                raise UserError(f"{layouts[0].library} and {other.library} lay out zmq_msg_t "
+                                "differently; trace their processes with separate probes")
+        return layouts[0] if layouts else None
+
+    def cflags(self) -> list[str]:
+        return [f"-D{k}={v}" for k, v in sorted(self._defines.items())]
+
+    def program_text(self) -> str:
+        """The program as compiled: its constants, then the source (for --print-bpf)."""
+        head = "".join(f"#define {k} {v}\n" for k, v in sorted(self._defines.items()))
+        return f"/* {NAME} probe, constants passed as -D */\n{head}\n{SOURCE.read_text()}"
+
+    def start(self) -> "FrameworkProbe":
+        from bcc import BPF  # only the live probe needs bcc (and root)
+
+        if os.geteuid() != 0:
+            raise UserError("the framework probe needs root (BPF uprobes); run it with sudo")
+        self._bpf = BPF(src_file=str(SOURCE).encode(), cflags=self.cflags())
+        try:
+            _check_mirror(self._bpf["fw_event_layout"].Leaf)
+            for t in self.targets:
+                for p in POINTS[t.layer]:
+                    self._attach(t, p)
+            self._bpf["events"].open_ring_buffer(self._on_event)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _attach(self, t: Target, p: AttachPoint) -> None:
+        pid = t.pid if t.pid is not None else -1
+        try:
+            self._bpf.attach_uprobe(name=str(t.library), sym=p.symbol, fn_name=p.entry_fn, pid=pid)
+            self._bpf.attach_uretprobe(name=str(t.library), sym=p.symbol, fn_name=p.return_fn,
+                                       pid=pid)
+        except Exception as e:
+            where = f"process {t.pid}" if t.pid else "every process"
+            raise UserError(f"cannot attach a uprobe to {p.symbol} in {t.library} ({where}): "
+                            f"{e}; check that the library exports it and the process "
+                            "still runs") from None
+
+    def _on_event(self, ctx, data, size) -> None:
+        call = decode_event(ctypes.string_at(data, size))
+        self.decoded += 1
+        msg = self.assembler.feed(call)
+        if msg is not None:
+            self._out.append(msg)
+
+    def poll(self, timeout_ms: int = 100) -> list[FrameworkMessage]:
+        """Messages completed since the last poll, waiting up to timeout_ms for the first."""
+        self._bpf.ring_buffer_poll(timeout_ms)
+        out, self._out = self._out, []
+        return out
+
+    def drain(self) -> list[FrameworkMessage]:
+        """Whatever is in the ring buffer now, without waiting."""
+        self._bpf.ring_buffer_consume()
+        out, self._out = self._out, []
+        return out
+
+    def counters(self) -> dict[str, int]:
+        """Events per outcome, summed over CPUs (DESIGN.md: seen and lost per probe)."""
+        table = self._bpf["counters"]
+        out = {name: int(sum(table[table.Key(i)])) for i, name in enumerate(COUNTERS)}
+        out["decoded"] = self.decoded
+        out["open_messages"] = self.assembler.open_messages
+        return out
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+    def __enter__(self) -> "FrameworkProbe":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_mirror(leaf) -> None:
+    """FwEvent must lay out like bcc's view of struct fw_event, or every record is garbage."""
+    def shape(cls):
+        return [(n, getattr(cls, n).offset, getattr(cls, n).size) for n, _ in cls._fields_]
+
+    if shape(leaf) != shape(FwEvent) or ctypes.sizeof(leaf) != ctypes.sizeof(FwEvent):
+        raise RuntimeError(f"FwEvent does not mirror struct fw_event: {shape(leaf)} vs "
+                           f"{shape(FwEvent)}; fix probes/framework.py")
