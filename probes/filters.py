@@ -1,0 +1,136 @@
+"""Which processes and sockets the probes trace, as validated integers.
+
+Semantics (common.bpf.h): a process is selected when its pid is in --pid or
+its comm in --comm (either; all processes when neither is given); a socket is
+selected when its netns is in --netns and one of its ports in --port (each
+only when given). Everything reaches BPF as map entries of integers or
+fixed 16-byte names, plus 0/1 constants saying which filters are active.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import UserError
+
+COMM_BYTES = 16  # TASK_COMM_LEN, NUL included
+NETNS_DIR = Path("/run/netns")  # where `ip netns add` puts named namespaces
+
+# Map sizes: generous, and checked so a too-long list is an error, not a
+# silently partial filter.
+MAX_TGIDS = 4096
+MAX_COMMS = 256
+MAX_PORTS = 1024
+MAX_NETNS = 1024
+
+
+@dataclass(frozen=True)
+class Filters:
+    tgids: tuple[int, ...] = ()
+    comms: tuple[bytes, ...] = ()  # each exactly COMM_BYTES, zero-padded
+    ports: tuple[int, ...] = ()
+    netns_inos: tuple[int, ...] = ()
+
+    @classmethod
+    def build(cls, pids=(), comms=(), ports=(), netns=(), check_pids: bool = True) -> "Filters":
+        """From user options. `netns` entries are `ip netns` names, paths to a
+        netns file (/proc/PID/ns/net), or inode numbers."""
+        tgids = tuple(sorted({_pid(p, check_pids) for p in pids}))
+        comm_keys = tuple(sorted({_comm(c) for c in comms}))
+        port_set = tuple(sorted({_port(p) for p in ports}))
+        inos = tuple(sorted({netns_inode(n) for n in netns}))
+        for what, items, limit in (("--pid", tgids, MAX_TGIDS), ("--comm", comm_keys, MAX_COMMS),
+                                   ("--port", port_set, MAX_PORTS), ("--netns", inos, MAX_NETNS)):
+            if len(items) > limit:
+                raise UserError(f"{what} given {len(items)} times, at most {limit} are supported; "
+                                "select fewer, or trace everything and filter the report")
+        return cls(tgids, comm_keys, port_set, inos)
+
+    def constants(self) -> dict[str, int]:
+        """-D constants: which filters are active, and the map sizes."""
+        return {
+            "FILTER_TGIDS": int(bool(self.tgids)), "FILTER_TGIDS_MAX": MAX_TGIDS,
+            "FILTER_COMMS": int(bool(self.comms)), "FILTER_COMMS_MAX": MAX_COMMS,
+            "FILTER_PORTS": int(bool(self.ports)), "FILTER_PORTS_MAX": MAX_PORTS,
+            "FILTER_NETNS": int(bool(self.netns_inos)), "FILTER_NETNS_MAX": MAX_NETNS,
+        }
+
+    def fill(self, bpf) -> None:
+        """Put the sets into the compiled program's filter maps."""
+        import ctypes as ct
+
+        one = ct.c_uint8(1)
+        if self.tgids:
+            m = bpf["filter_tgids"]
+            for t in self.tgids:
+                m[ct.c_uint32(t)] = one
+        if self.comms:
+            m = bpf["filter_comms"]
+            for c in self.comms:
+                key = m.Key()
+                ct.memmove(ct.addressof(key), c, COMM_BYTES)
+                m[key] = one
+        if self.ports:
+            m = bpf["filter_ports"]
+            for p in self.ports:
+                m[ct.c_uint16(p)] = one
+        if self.netns_inos:
+            m = bpf["filter_netns"]
+            for n in self.netns_inos:
+                m[ct.c_uint32(n)] = one
+
+
+def _int(value, what: str) -> int:
+    if isinstance(value, bool):
+        raise UserError(f"{what} {value!r} is not a number")
+    try:
+        return int(str(value), 10)
+    except ValueError:
+        raise UserError(f"{what} {value!r} is not a number; give a decimal integer") from None
+
+
+def _pid(value, check: bool) -> int:
+    pid = _int(value, "--pid")
+    if not 0 < pid < 2**22 + 1:
+        raise UserError(f"--pid {pid} is out of range; give a process id from `ps`")
+    if check and not Path(f"/proc/{pid}").exists():
+        raise UserError(f"--pid {pid}: no such process; check the id with `ps -e`")
+    return pid
+
+
+def _comm(value) -> bytes:
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    if not raw or b"\0" in raw:
+        raise UserError(f"--comm {value!r} is empty or contains NUL; give a process name as `ps -o comm` shows it")
+    if len(raw) > COMM_BYTES - 1:
+        raise UserError(f"--comm {value!r} is {len(raw)} bytes but the kernel keeps only "
+                        f"{COMM_BYTES - 1}; give the first {COMM_BYTES - 1}: {raw[:COMM_BYTES - 1].decode(errors='replace')!r}")
+    return raw.ljust(COMM_BYTES, b"\0")
+
+
+def _port(value) -> int:
+    port = _int(value, "--port")
+    if not 0 < port < 65536:
+        raise UserError(f"--port {port} is out of range; give a TCP port 1-65535")
+    return port
+
+
+def netns_inode(value) -> int:
+    """Inode number of a network namespace given by `ip netns` name, path, or number."""
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        ino = _int(value, "--netns")
+        if ino <= 0 or ino >= 2**32:
+            raise UserError(f"--netns {ino} is not a namespace inode; give a name from `ip netns list`")
+        return ino
+    text = str(value)
+    if not text or "\0" in text:
+        raise UserError(f"--netns {value!r} is empty; give a name from `ip netns list`")
+    path = Path(text) if "/" in text else NETNS_DIR / text
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        raise UserError(f"--netns {text}: no such network namespace ({path} is missing); "
+                        "see `ip netns list`") from None
+    except PermissionError:
+        raise UserError(f"--netns {text}: cannot read {path}; run as root") from None
