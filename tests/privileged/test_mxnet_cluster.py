@@ -1,18 +1,21 @@
 """MXNet's real ps-lite (mxnet==1.9.1) runs sparse_kv.py across network-namespace hosts.
 
 Every worker must finish, and its log must show every pull and push it issued
-as completed, with row counts that add up over the wire slices.
+as completed, with row counts that add up over the wire slices; and the keys
+the log says each slice carries must be on the wire, in a tcpdump capture on
+the worker's host decoded here with struct only (independent of pslat).
 """
 from __future__ import annotations
 
-import os
+import struct
 import subprocess
 import time
-from dataclasses import dataclass
+from collections import defaultdict
 
 import pytest
 
 from agent.errors import UserError
+from workloads.cluster.cluster import Cluster
 from workloads.mxnet import oplog, runner, venv
 
 pytestmark = [pytest.mark.privileged, pytest.mark.mxnet]
@@ -25,63 +28,76 @@ BIGARRAY_BOUND_ELEMS = 100_000
 JOB_TIMEOUT_S = 60.0
 
 
-def _cluster_class():
-    try:
-        from workloads.cluster.cluster import Cluster  # the project's virtual cluster
-        return Cluster
-    except ImportError:
-        return None
+def _make_cluster(n: int, wire_delay_ms: float = 0.0) -> Cluster:
+    return Cluster(n, wire_delay_ms=wire_delay_ms)
 
 
-@dataclass(frozen=True)
-class _Host:
-    name: str
-    addr: str
+class _Capture:
+    """tcpdump on one host, for the duration of a with-block."""
 
-
-class _NetnsHosts:
-    """Fallback while workloads.cluster.Cluster is not there: n namespaces on one
-    bridge (itself in a namespace of its own, so nothing touches the root
-    namespace), no wire delay."""
-
-    def __init__(self, n: int):
-        tag = f"pmx{os.getpid() % 100000}"
-        self.sw = f"{tag}-sw"
-        self.hosts = [_Host(f"{tag}-h{i}", f"10.231.0.{i + 1}") for i in range(n)]
-
-    def _ip(self, *args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True)
+    def __init__(self, cluster, host, path):
+        self.path = path
+        self.proc = cluster.popen(host, ["tcpdump", "--immediate-mode", "-U", "-n", "-i", "any",
+                                         "-s", "0", "-w", str(path), "tcp"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  start_new_session=True)
 
     def __enter__(self):
-        try:
-            self._ip("netns", "add", self.sw)
-            self._ip("-n", self.sw, "link", "add", "br0", "type", "bridge")
-            self._ip("-n", self.sw, "link", "set", "br0", "up")
-            for i, h in enumerate(self.hosts):
-                self._ip("netns", "add", h.name)
-                self._ip("-n", h.name, "link", "set", "lo", "up")
-                self._ip("-n", h.name, "link", "add", "eth0", "type", "veth",
-                         "peer", "name", f"p{i}", "netns", self.sw)
-                self._ip("-n", h.name, "addr", "add", f"{h.addr}/24", "dev", "eth0")
-                self._ip("-n", h.name, "link", "set", "eth0", "up")
-                self._ip("-n", self.sw, "link", "set", f"p{i}", "master", "br0")
-                self._ip("-n", self.sw, "link", "set", f"p{i}", "up")
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
+        # Ready signal: tcpdump says "listening on" once its socket is open.
+        # --immediate-mode: without it packets wait in the kernel's ring block
+        # (up to 1 s) and a SIGTERM right after the job loses them.
+        seen = []
+        for line in iter(self.proc.stderr.readline, b""):
+            seen.append(line)
+            if b"listening on" in line:
+                return self
+        self.proc.kill()
+        raise RuntimeError(f"tcpdump did not start: {b''.join(seen)!r}")
 
     def __exit__(self, *exc):
-        for ns in [self.sw] + [h.name for h in self.hosts]:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-    def popen(self, host, argv, env=None, **kw):
-        return subprocess.Popen(["ip", "netns", "exec", host.name, *argv], env=env, **kw)
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.proc.stderr.close()
 
 
-def _make_cluster(n: int):
-    Cluster = _cluster_class()
-    return Cluster(n) if Cluster else _NetnsHosts(n)
+def _tcp_streams(pcap) -> list[bytes]:
+    """Each TCP direction's payload in sequence order (retransmissions dropped)."""
+    from scapy.all import TCP, rdpcap
+    segs = defaultdict(dict)
+    for pkt in rdpcap(str(pcap)):
+        if TCP in pkt and len(pkt[TCP].payload):
+            t = pkt[TCP]
+            flow = (pkt[TCP].underlayer.src, pkt[TCP].underlayer.dst, t.sport, t.dport)
+            segs[flow].setdefault(t.seq, bytes(t.payload))
+    streams = []
+    for by_seq in segs.values():
+        buf, end = bytearray(), None
+        for seq in sorted(by_seq):
+            data = by_seq[seq]
+            if end is not None and seq < end:  # overlap: keep the new part only
+                data = data[end - seq:]
+            buf += data
+            end = max(end or 0, seq + len(by_seq[seq]))
+        streams.append(bytes(buf))
+    return streams
+
+
+def _check_wire(res: runner.MxnetResult, servers: int, captures: dict[int, _Capture]) -> None:
+    """Every pull/push slice's keys frame (uint64 little-endian) is in its worker's capture."""
+    missing, found = [], 0
+    for rank, recs in res.op_logs().items():
+        streams = _tcp_streams(captures[rank].path)
+        for r in recs:
+            if r.op not in ("pull", "push"):
+                continue
+            for server, keys in oplog.wire_key_ids(r, servers):
+                blob = struct.pack(f"<{len(keys)}Q", *keys)
+                if any(blob in st for st in streams):
+                    found += 1
+                else:
+                    missing.append((rank, r.op, r.iter, server))
+    assert not missing, f"{len(missing)} slices not on the wire (found {found}): {missing[:5]}"
+    assert found == 2 * ITERS * servers * len(captures)
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +137,26 @@ def _check_logs(res: runner.MxnetResult, servers: int, workers: int) -> None:
             assert summaries[p.rank]["node_host"] == p.addr
 
 
-@pytest.mark.parametrize("servers, workers, mode", [
-    (1, 2, "dist_async"),
-    (2, 2, "dist_sync"),
+@pytest.mark.parametrize("servers, workers, mode, wire_delay_ms", [
+    (1, 2, "dist_async", 0.0),
+    (2, 2, "dist_sync", 1.0),
 ])
-def test_sparse_kv_across_hosts(tmp_path, mxnet_python, servers, workers, mode):
+def test_sparse_kv_across_hosts(tmp_path, mxnet_python, servers, workers, mode, wire_delay_ms):
     t0 = time.monotonic()
-    with _make_cluster(servers + workers) as cluster:
-        res = runner.run_in_cluster(cluster, SCRIPT_ARGS, tmp_path / "out", servers=servers,
-                                    workers=workers, mode=mode, timeout_s=JOB_TIMEOUT_S,
-                                    env={"MXNET_KVSTORE_BIGARRAY_BOUND": str(BIGARRAY_BOUND_ELEMS)})
+    with _make_cluster(servers + workers, wire_delay_ms) as cluster:
+        job = runner.MxnetJob(cluster, SCRIPT_ARGS, tmp_path / "out", servers=servers,
+                              workers=workers, mode=mode,
+                              env={"MXNET_KVSTORE_BIGARRAY_BOUND": str(BIGARRAY_BOUND_ELEMS)})
+        worker_hosts = [s.host for s in job.specs if s.role == "worker"]
+        caps = [_Capture(cluster, h, tmp_path / f"{h.name}.pcap") for h in worker_hosts]
+        for c in caps:
+            c.__enter__()
+        try:
+            with job:
+                res = job.wait(timeout_s=JOB_TIMEOUT_S)
+        finally:
+            for c in caps:
+                c.__exit__()
     wall_s = time.monotonic() - t0
     assert all(p.returncode == 0 for p in res.processes)
     # Every host got its processes: server i on hosts[i], worker j on hosts[servers + j].
@@ -142,6 +168,15 @@ def test_sparse_kv_across_hosts(tmp_path, mxnet_python, servers, workers, mode):
     for j in range(workers):
         assert addrs[f"worker-{j}"] == host_addrs[servers + j]
     _check_logs(res, servers, workers)
+    # A pull crosses the wire twice (request, response), so it cannot beat the round trip.
+    for recs in res.op_logs().values():
+        for r in recs:
+            if r.op == "pull":
+                assert r.latency_ns >= 2 * wire_delay_ms * 1e6
+    # Captures by rank: a worker's host is where its process ran.
+    cap_by_host = {h.name: c for h, c in zip(worker_hosts, caps)}
+    _check_wire(res, servers, {p.rank: cap_by_host[p.host]
+                               for p in res.processes if p.role == "worker"})
     print(f"\n{mode} {servers}x{workers}, {ITERS} iters: job {res.wall_s:.2f} s, "
           f"with cluster set-up and teardown {wall_s:.2f} s")
 

@@ -9,9 +9,11 @@ Layout of an output dir (written by workloads/mxnet/sparse_kv.py):
                     push: rows of the row_sparse gradient; init: all rows on
                     rank 0, 0 elsewhere, since only rank 0 sends the value)
       slices        pull/push/init: the ps-lite messages MXNet sends for it,
-                    [{"server": server rank, "rows": n, "wire_keys": n + 1}]
+                    [{"server": server rank, "rows": n, "wire_keys": n + 1,
+                      "row_base": first row of the server's range}]
                     (wire_keys: keys in the message, a zero-length master key
-                    plus one per row)
+                    plus one per row; see wire_key_ids for their values)
+      row_ids       pull/push: the sorted row ids (unless --no-log-row-ids)
       t_before_ns, t_after_ns  time.monotonic_ns() (CLOCK_MONOTONIC) right
                     before the call and once it completed (pull: data
                     readable; push: acknowledged by every server)
@@ -47,6 +49,7 @@ class Slice:
     server: int       # server rank (ps-lite node id 8 + 2 * rank)
     rows: int
     wire_keys: int
+    row_base: int = 0  # first row of the server's row range
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class OpRecord:
     t_before_ns: int
     t_after_ns: int
     slices: tuple[Slice, ...] = field(default=())
+    row_ids: tuple[int, ...] | None = None
 
     @property
     def latency_ns(self) -> int:
@@ -73,8 +77,10 @@ def _parse_line(path: Path, lineno: int, line: str) -> OpRecord:
             op=str(d["op"]), rank=int(d["rank"]), key=int(d["key"]), iter=int(d["iter"]),
             rows=int(d["rows"]), t_before_ns=int(d["t_before_ns"]),
             t_after_ns=int(d["t_after_ns"]),
-            slices=tuple(Slice(int(s["server"]), int(s["rows"]), int(s["wire_keys"]))
-                         for s in d.get("slices", ())))
+            slices=tuple(Slice(int(s["server"]), int(s["rows"]), int(s["wire_keys"]),
+                               int(s.get("row_base", 0)))
+                         for s in d.get("slices", ())),
+            row_ids=tuple(int(r) for r in d["row_ids"]) if "row_ids" in d else None)
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{where}: not a sparse_kv op record ({e!r}); "
                         "the worker crashed mid-write or the file is not sparse_kv output") from e
@@ -84,7 +90,34 @@ def _parse_line(path: Path, lineno: int, line: str) -> OpRecord:
         raise UserError(f"{where}: t_after_ns < t_before_ns; the file is corrupt")
     if rec.slices and sum(s.rows for s in rec.slices) != rec.rows:
         raise UserError(f"{where}: slices' rows do not add up to rows; the file is corrupt")
+    if rec.row_ids is not None and len(rec.row_ids) != rec.rows:
+        raise UserError(f"{where}: {len(rec.row_ids)} row_ids for {rec.rows} rows; "
+                        "the file is corrupt")
     return rec
+
+
+# ps-lite gives server s the key range [MAX // S * s, MAX // S * (s + 1)).
+_PS_MAX_KEY = 2**64 - 1
+
+
+def wire_key_ids(rec: OpRecord, num_servers: int) -> list[tuple[int, list[int]]]:
+    """(server rank, the uint64 keys of its message) for each slice of a pull or push.
+
+    MXNet 1.9.1 (KVStoreDist::EncodeRowSparseKey): the master key
+    range_begin + key, then range_begin + key + (row - row_base) per row. The
+    slices hold consecutive runs of the sorted row ids. Checked against
+    captured traffic for both the split and the single-server layout.
+    """
+    if rec.row_ids is None:
+        raise UserError(f"{rec.op} of rank {rec.rank} iter {rec.iter} has no row_ids; "
+                        "rerun sparse_kv.py without --no-log-row-ids")
+    out, i = [], 0
+    for s in rec.slices:
+        begin = _PS_MAX_KEY // num_servers * s.server + rec.key
+        rows = rec.row_ids[i:i + s.rows]
+        i += s.rows
+        out.append((s.server, [begin] + [begin + r - s.row_base for r in rows]))
+    return out
 
 
 def read_worker_log(path: Path) -> list[OpRecord]:

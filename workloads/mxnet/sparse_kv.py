@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="exponent of the Zipf law row ids are drawn from (> 1)")
     p.add_argument("--key", type=int, default=3, help="the kvstore key (an int, so the wire key is known)")
     p.add_argument("--seed", type=int, default=1, help="random seed (each worker adds its rank)")
+    p.add_argument("--no-log-row-ids", dest="log_row_ids", action="store_false",
+                   help="leave the row ids out of the pull/push records (smaller logs)")
     p.add_argument("--out-dir", default=os.environ.get(OUT_DIR_ENV),
                    help=f"where worker logs go (default: ${OUT_DIR_ENV})")
     args = p.parse_args(argv)
@@ -76,7 +78,10 @@ def wire_slices(key: int, row_ids: list[int], num_rows: int, dim: int,
     ranges, and EVERY server gets a message (a zero-length "master key" first,
     then one key per row in its range, so possibly zero rows); a smaller table
     goes whole to server (key * 9973) % num_servers. The ps-lite message thus
-    carries rows + 1 keys. row_ids must be sorted and unique.
+    carries rows + 1 keys: the master key range_begin(server) + key, then
+    range_begin(server) + key + (row - row_base) per row, with ps-lite's
+    range_begin(s) = (2**64 - 1) // num_servers * s. row_ids must be sorted
+    and unique.
     """
     if num_rows * dim >= bigarray_bound_elems:
         slices = []
@@ -85,11 +90,12 @@ def wire_slices(key: int, row_ids: list[int], num_rows: int, dim: int,
             end = start + (_llround(num_rows / num_servers * (server + 1))
                            - _llround(num_rows / num_servers * server))
             n = sum(1 for r in row_ids if start <= r < end)
-            slices.append({"server": server, "rows": n, "wire_keys": n + 1})
+            slices.append({"server": server, "rows": n, "wire_keys": n + 1, "row_base": start})
             start = end
         return slices
     server = (key * 9973) % num_servers
-    return [{"server": server, "rows": len(row_ids), "wire_keys": len(row_ids) + 1}]
+    return [{"server": server, "rows": len(row_ids), "wire_keys": len(row_ids) + 1,
+             "row_base": 0}]
 
 
 class OpLog:
@@ -167,7 +173,8 @@ def run_worker(args: argparse.Namespace) -> None:
         kv.row_sparse_pull(args.key, out=out, row_ids=ids_nd)
         out.wait_to_read()  # the pull is asynchronous in MXNet's engine
         t1 = time.monotonic_ns()
-        log.write("pull", t0, t1, rows=len(rows), slices=slices, iter=it)
+        ids_field = {"row_ids": rows} if args.log_row_ids else {}
+        log.write("pull", t0, t1, rows=len(rows), slices=slices, iter=it, **ids_field)
 
         grad_vals = mx.nd.array(rng.standard_normal((len(rows), args.dim)) * 1e-3)
         grad = mx.nd.sparse.row_sparse_array((grad_vals, ids_nd), shape=shape)
@@ -177,7 +184,7 @@ def run_worker(args: argparse.Namespace) -> None:
         # The push completes in the engine when every server acknowledged it.
         mx.nd.waitall()
         t1 = time.monotonic_ns()
-        log.write("push", t0, t1, rows=len(rows), slices=slices, iter=it)
+        log.write("push", t0, t1, rows=len(rows), slices=slices, iter=it, **ids_field)
 
     log.close()
     summary = {"rank": rank, "num_workers": num_workers, "num_servers": num_servers,
