@@ -81,12 +81,31 @@ def test_wire_slices_follow_mxnet_partitioning():
     # Big table: split by row ranges over all servers, every server gets a
     # message. 5 rows over 2 servers: llround(2.5) = 3 -> [0, 3) and [3, 5).
     s = sk.wire_slices(3, [0, 2, 3, 4], num_rows=5, dim=1, num_servers=2, bigarray_bound_elems=5)
-    assert s == [{"server": 0, "rows": 2, "wire_keys": 3}, {"server": 1, "rows": 2, "wire_keys": 3}]
+    assert s == [{"server": 0, "rows": 2, "wire_keys": 3, "row_base": 0},
+                 {"server": 1, "rows": 2, "wire_keys": 3, "row_base": 3}]
     s = sk.wire_slices(3, [4], num_rows=5, dim=1, num_servers=2, bigarray_bound_elems=5)
     assert [x["rows"] for x in s] == [0, 1]  # server 0 still gets the master key
     # Small table: all of it on server (key * 9973) % num_servers.
     s = sk.wire_slices(3, [0, 1], num_rows=5, dim=1, num_servers=2, bigarray_bound_elems=6)
-    assert s == [{"server": (3 * 9973) % 2, "rows": 2, "wire_keys": 3}]
+    assert s == [{"server": (3 * 9973) % 2, "rows": 2, "wire_keys": 3, "row_base": 0}]
+
+
+def test_wire_key_ids():
+    # ps-lite's key ranges for 2 servers start at 0 and (2**64 - 1) // 2.
+    half = (2**64 - 1) // 2
+    rec = oplog.OpRecord("pull", 0, 3, 0, 3, 1, 2,
+                         (oplog.Slice(0, 1, 2, 0), oplog.Slice(1, 2, 3, 500)), (7, 500, 612))
+    assert oplog.wire_key_ids(rec, 2) == [(0, [3, 10]), (1, [half + 3, half + 3, half + 115])]
+    with pytest.raises(UserError, match="no-log-row-ids"):
+        oplog.wire_key_ids(oplog.OpRecord("pull", 0, 3, 0, 1, 1, 2), 2)
+
+
+def test_reader_checks_row_ids_count(tmp_path):
+    d = json.loads(_rec(rows=2))
+    d["row_ids"] = [1]
+    (tmp_path / "worker-0.jsonl").write_text(json.dumps(d) + "\n")
+    with pytest.raises(UserError, match="1 row_ids for 2 rows"):
+        oplog.read_op_logs(tmp_path)
 
 
 def test_script_rejects_bad_options():
