@@ -1,0 +1,155 @@
+"""From framework uprobe events to framework messages (probes/framework.py, no BPF needed):
+event decoding, zmq frames grouped into messages, routing ids, PBMeta and ps::Meta ids."""
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from parsers.pslite.meta import PBControl, PBMeta, PBNode
+from probes.framework import (CAPTURE_BYTES, PS_META_EMPTY, PS_META_FORMAT, ZMQ_DEALER,
+                              ZMQ_ROUTER, FrameCall, FwEvent, Kind, MessageAssembler,
+                              decode_event, decode_pbmeta, decode_ps_meta)
+
+_ts = iter(range(1000, 10**9, 10))
+
+
+def call(kind, frame: bytes = b"", more=False, tid=7, sock=0xA0, arg=0, tgid=70, ret=None):
+    t = next(_ts)
+    return FrameCall(kind=kind, tgid=tgid, tid=tid, sock=sock, ts_ns=t, ret_ts_ns=t + 5,
+                     ret=len(frame) if ret is None else ret, size=len(frame), more=more,
+                     arg=arg, head=frame[:CAPTURE_BYTES])
+
+
+def meta(**kw) -> bytes:
+    return PBMeta(**kw).SerializeToString()
+
+
+def multipart(kind, frames, **kw):
+    return [call(kind, f, more=i + 1 < len(frames), **kw) for i, f in enumerate(frames)]
+
+
+def feed_all(asm, calls):
+    return [m for m in map(asm.feed, calls) if m is not None]
+
+
+def test_event_bytes_decode_through_the_mirror():
+    e = FwEvent(ts_ns=5, ret_ts_ns=9, sock=0xBEEF, obj=1, ret=3, size=3, tgid=11, tid=12,
+                arg=2, data_len=3, kind=Kind.ZMQ_SEND, more=1)
+    e.data[:3] = b"abc"
+    c = decode_event(bytes(e) + b"\0" * 8)   # ring buffer records may carry trailing bytes
+    assert (c.kind, c.tgid, c.tid, c.sock, c.ts_ns, c.ret_ts_ns) == (Kind.ZMQ_SEND, 11, 12, 0xBEEF, 5, 9)
+    assert c.head == b"abc" and c.more and c.size == 3
+    assert ctypes.sizeof(FwEvent) % 8 == 0
+
+
+def test_dealer_send_is_one_message_with_its_meta_ids():
+    asm = MessageAssembler()
+    frames = [meta(app_id=0, customer_id=2, timestamp=41, request=True, push=True),
+              b"k" * 8, b"v" * 40, b"x" * 100_000]
+    calls = multipart(Kind.ZMQ_SEND, frames)
+    msgs = feed_all(asm, calls)
+    assert len(msgs) == 1
+    m = msgs[0]
+    assert (m.direction, m.frames, m.total_bytes, m.peer) == ("send", 4, sum(map(len, frames)), None)
+    assert (m.meta.app_id, m.meta.customer_id, m.meta.timestamp, m.meta.request, m.meta.push) == \
+        (0, 2, 41, True, True)
+    assert m.ts_ns == calls[0].ts_ns and m.ret_ts_ns == calls[-1].ret_ts_ns
+    assert m.frame_sizes == (len(frames[0]), 8, 40, 100_000)
+    assert m.frame_heads[3] == b"x" * CAPTURE_BYTES
+    assert asm.open_messages == 0
+
+
+def test_router_recv_keeps_the_routing_id_and_names_the_sender():
+    asm = MessageAssembler()
+    frames = [b"ps9", meta(app_id=0, customer_id=0, timestamp=3, request=True, push=False), b"k" * 8]
+    calls = multipart(Kind.ZMQ_RECV, frames)
+    (m,) = feed_all(asm, calls)
+    assert m.peer == b"ps9" and m.frames == 3
+    assert m.meta.sender == 9 and m.meta.timestamp == 3 and m.meta.push is False
+    assert m.ts_ns == calls[-1].ret_ts_ns      # hand-over: the last frame's return
+    assert m.first_ret_ts_ns == calls[0].ret_ts_ns
+
+
+def test_socket_types_learned_from_zmq_socket_override_the_guess():
+    asm = MessageAssembler()
+    asm.feed(call(Kind.ZMQ_SOCKET, sock=0xD0, arg=ZMQ_DEALER))
+    asm.feed(call(Kind.ZMQ_SOCKET, sock=0xE0, arg=ZMQ_ROUTER))
+    # A DEALER's first frame is never a routing id, even when it looks like one.
+    (d,) = feed_all(asm, multipart(Kind.ZMQ_RECV, [b"ps8", b"data"], sock=0xD0))
+    assert d.peer is None
+    # A ROUTER's is, even an id no heuristic would recognise.
+    m = meta(app_id=1, customer_id=0, timestamp=5, request=False)
+    (r,) = feed_all(asm, multipart(Kind.ZMQ_SEND, [b"worker-A", m], sock=0xE0))
+    assert r.peer == b"worker-A" and r.meta.timestamp == 5 and r.meta.sender is None
+
+
+def test_libzmq_generated_routing_ids_are_recognised():
+    asm = MessageAssembler()
+    (m,) = feed_all(asm, multipart(Kind.ZMQ_RECV, [b"\x00\x80\x00\x00\x29",
+                                                   meta(app_id=0, timestamp=1)]))
+    assert m.peer == b"\x00\x80\x00\x00\x29" and m.meta.timestamp == 1
+
+
+def test_threads_and_sockets_do_not_mix_frames():
+    asm = MessageAssembler()
+    a = multipart(Kind.ZMQ_SEND, [meta(timestamp=1), b"a1", b"a2"], tid=1)
+    b = multipart(Kind.ZMQ_SEND, [meta(timestamp=2), b"b1"], tid=2)
+    c = multipart(Kind.ZMQ_SEND, [meta(timestamp=3), b"c1"], tid=1, sock=0xB0)
+    interleaved = [a[0], b[0], c[0], a[1], b[1], c[1], a[2]]
+    msgs = feed_all(asm, interleaved)
+    assert [(m.meta.timestamp, m.frames) for m in msgs] == [(2, 2), (3, 2), (1, 3)]
+
+
+def test_an_unfinished_message_stays_open():
+    asm = MessageAssembler()
+    assert feed_all(asm, [call(Kind.ZMQ_RECV, meta(timestamp=1), more=True)]) == []
+    assert asm.open_messages == 1
+
+
+def _control_meta(hostname: str) -> bytes:
+    nodes = [PBNode(role=r, id=i, hostname=hostname % i, port=9000 + i) for r, i in
+             ((0, 8), (1, 9), (2, 1))]
+    return meta(head=7, control=PBControl(cmd=2, node=nodes), request=True, app_id=0,
+                timestamp=12, customer_id=0)
+
+
+def test_a_meta_cut_by_the_capture_keeps_the_whole_fields_before_the_cut():
+    # The control field (3) fits in the capture; the ids serialised after it do not.
+    full = _control_meta("10.0.0.%d")
+    assert len(full) > CAPTURE_BYTES
+    ids = decode_pbmeta(full[:CAPTURE_BYTES], len(full))
+    assert ids.truncated and (ids.head, ids.control_cmd) == (7, 2)
+    assert ids.timestamp is None and ids.app_id is None and ids.request is None
+    whole = decode_pbmeta(full, len(full))
+    assert (whole.control_cmd, whole.timestamp, whole.request, whole.truncated) == (2, 12, True, False)
+
+
+def test_a_field_cut_in_the_middle_is_not_decoded():
+    full = _control_meta("a-much-longer-host-name-%d.example.org")
+    ids = decode_pbmeta(full[:CAPTURE_BYTES], len(full))
+    assert ids.truncated and ids.head == 7
+    assert ids.control_cmd is None   # never read from a partial control field
+
+
+def test_non_meta_frames_give_no_ids():
+    assert decode_pbmeta(b"\x00\x01\x02garbage", 10) is None
+    assert decode_pbmeta(b"", 0) is None
+
+
+def test_ps_meta_leading_fields():
+    raw = struct.pack(PS_META_FORMAT, 0, 0, 1, 17, 9, 8, True, False, True) + b"\xff" * 37
+    ids = decode_ps_meta(raw)
+    assert (ids.app_id, ids.customer_id, ids.timestamp, ids.sender, ids.recver) == (0, 1, 17, 9, 8)
+    assert (ids.request, ids.push, ids.simple_app) == (True, False, True)
+    empty = decode_ps_meta(struct.pack(PS_META_FORMAT, *[PS_META_EMPTY] * 6, 0, 0, 0))
+    assert empty.sender is None and empty.timestamp is None
+    assert decode_ps_meta(b"\0" * 10) is None
+
+
+def test_ps_layer_events_are_messages_on_their_own():
+    asm = MessageAssembler()
+    raw = struct.pack(PS_META_FORMAT, 0, 0, 0, 4, PS_META_EMPTY, 8, True, True, False)
+    s = asm.feed(call(Kind.PS_SEND, raw, ret=99))
+    r = asm.feed(call(Kind.PS_RECV, raw, ret=102))
+    assert (s.layer, s.direction, s.total_bytes, s.frames, s.ts_ns) == ("ps", "send", 99, None, s.call_ts_ns)
+    assert (r.direction, r.ts_ns, r.meta.timestamp, r.meta.recver) == ("recv", r.ret_ts_ns, 4, 8)
