@@ -18,7 +18,7 @@ from probes import tracefs
 from probes.declare import COMMON_KERNEL_FIELDS, PROBES_DIR, Probe
 from probes.filters import Filters
 
-_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_.-]+)"\s*$', re.M)
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([A-Za-z0-9_.-]+)"[ \t]*$', re.M)
 
 
 @dataclass(frozen=True)
