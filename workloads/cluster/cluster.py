@@ -50,6 +50,8 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -69,7 +71,13 @@ class Cluster:
 
     def __init__(self, hosts: int | list[str], wire_delay_ms: float = 0.0, jitter_ms: float = 0.0,
                  pair_delay_ms: dict[tuple[str, str], float] | None = None,
-                 log_dir: Path | None = None, jitter_dist: str = "uniform", seed: int = 1):
+                 log_dir: Path | None = None, jitter_dist: str = "uniform", seed: int = 1,
+                 wait_s: float = 0.0):
+        """wait_s: if another live process's cluster is up, wait this long for it to go
+        (one cluster per machine; tests of several people share one)."""
+        if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s >= 0:
+            raise UserError(f"wait_s must be >= 0 seconds, got {wait_s!r}")
+        self._wait_s = float(wait_s)
         self.spec: ClusterSpec = make_spec(hosts, wire_delay_ms, jitter_ms, pair_delay_ms,
                                            jitter_dist, seed)
         self._log_dir_given = Path(log_dir).resolve() if log_dir is not None else None
@@ -168,31 +176,42 @@ class Cluster:
         """Create everything. detach=True: leave it running after this process exits."""
         require_root("the virtual cluster")
         binary = forwarder.binary()
-        with state.locked():
-            _clear_leftovers_or_refuse()
-            names = [WIRE_NS] + [h.netns for h in self.spec.hosts]
-            taken = sorted(set(names) & netns.list_netns())
-            if taken:
-                raise UserError(f"network namespace(s) {', '.join(taken)} exist and are not a pslat "
-                                "cluster's; pick other host names or remove them (`ip netns del`)")
-            owned_log_dir = self._log_dir_given is None
-            self.log_dir = (Path(tempfile.mkdtemp(prefix="pslat-cluster-")) if owned_log_dir
-                            else self._log_dir_given)
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            me = os.getpid()
-            self._state = {
-                "owner": {"pid": me, "start_ticks": netns.start_ticks(me)},
-                "detached": detach, "namespaces": names, "wire_ns": WIRE_NS,
-                "log_dir": str(self.log_dir), "log_dir_owned": owned_log_dir,
-                "forwarder": None, "describe": None,
-            }
-            state.write(self._state)  # before anything exists: a kill from here on is cleanable
-            self._up = True
+        deadline = time.monotonic() + self._wait_s
+        while True:
             try:
-                self._build(binary)
-            except BaseException:
-                self._teardown_locked()
-                raise
+                with state.locked():
+                    _clear_leftovers_or_refuse()
+                    return self._up_locked(binary, detach)
+            except ClusterBusy:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.2)  # polls the other cluster's state file, outside the lock
+
+    def _up_locked(self, binary: Path, detach: bool) -> "Cluster":
+        names = [WIRE_NS] + [h.netns for h in self.spec.hosts]
+        taken = sorted(set(names) & netns.list_netns())
+        if taken:
+            raise UserError(f"network namespace(s) {', '.join(taken)} exist and are not a pslat "
+                            "cluster's; pick other host names or remove them (`ip netns del`)")
+        owned_log_dir = self._log_dir_given is None
+        self.log_dir = (Path(tempfile.mkdtemp(prefix="pslat-cluster-")) if owned_log_dir
+                        else self._log_dir_given)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        me = os.getpid()
+        self._state = {
+            "id": uuid.uuid4().hex,  # tells this cluster from a later one of the same process
+            "owner": {"pid": me, "start_ticks": netns.start_ticks(me)},
+            "detached": detach, "namespaces": names, "wire_ns": WIRE_NS,
+            "log_dir": str(self.log_dir), "log_dir_owned": owned_log_dir,
+            "forwarder": None, "describe": None,
+        }
+        state.write(self._state)  # before anything exists: a kill from here on is cleanable
+        self._up = True
+        try:
+            self._build(binary)
+        except BaseException:
+            self._teardown_locked()
+            raise
         return self
 
     def _build(self, binary: Path) -> None:
@@ -272,7 +291,7 @@ class Cluster:
         current = state.read()
         # `pslat cluster down` may have removed it already, and another cluster
         # may be up since: only what the state file says is ours gets removed
-        mine = current is not None and current.get("owner") == self._state.get("owner")
+        mine = current is not None and current.get("id") == self._state.get("id")
         if self._forwarder is not None:
             forwarder.stop(self._forwarder)  # SIGTERM first: it flushes the log
             self._forwarder = None
@@ -360,14 +379,18 @@ def _remove(data: dict) -> list[str]:
     return removed
 
 
+class ClusterBusy(UserError):
+    """Another live cluster is up (one per machine)."""
+
+
 def _clear_leftovers_or_refuse() -> None:
     data = state.read()
     if data is None:
         return
     why = state.in_use(data)
     if why:
-        raise UserError(f"a cluster is already up ({why}); use it, or remove it with "
-                        "`pslat cluster down`")
+        raise ClusterBusy(f"a cluster is already up ({why}); use it, or remove it with "
+                          "`pslat cluster down`")
     _remove(data)
 
 

@@ -19,6 +19,7 @@ READY_TIMEOUT_S = 10.0
 # Busy-poll for the last 50 us before a frame is due: timerfd wake-ups in a VM
 # land tens of microseconds late; spinning longer only burns the shared cores.
 SPIN_NS = 50_000
+RT_PRIORITY = 10
 
 
 def binary() -> Path:
@@ -30,7 +31,7 @@ def binary() -> Path:
 def write_config(spec: ClusterSpec, log_dir: Path) -> Path:
     lines = [f"log {log_dir / 'wire.bin'}", f"stats {log_dir / 'wirefwd.stats.json'}",
              f"jitter_ns {round(spec.jitter_ms * 1e6)}", f"jitter_dist {spec.jitter_dist}",
-             f"seed {spec.seed}", f"spin_ns {SPIN_NS}"]
+             f"seed {spec.seed}", f"spin_ns {SPIN_NS}", f"rt_priority {RT_PRIORITY}"]
     lines += [f"port {h.wire_ifname} {h.mac}" for h in spec.hosts]
     idx = {h.name: h.index for h in spec.hosts}
     lines += [f"delay {idx[a]} {idx[b]} {round(ms * 1e6)}" for (a, b), ms in spec.delay_ms.items()]

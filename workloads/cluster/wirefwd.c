@@ -36,7 +36,7 @@
  *
  * Usage: wirefwd CONFIG_FILE. CONFIG_FILE has one directive per line:
  *   log PATH | stats PATH | jitter_ns N | jitter_dist uniform|normal |
- *   seed N | spin_ns N | pool FRAMES |
+ *   seed N | spin_ns N | pool FRAMES | rt_priority N (SCHED_FIFO, 0 = off) |
  *   port IFNAME HOST_MAC      (port index = order of appearance)
  *   delay SRC_IDX DST_IDX NS  (ordered pair; default 0)
  * Prints "ready PID" on stdout once every port is open, then closes stdout.
@@ -51,6 +51,7 @@
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <math.h>
+#include <sched.h>
 #include <net/if.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -98,6 +99,7 @@ static int64_t last_due_ns[MAX_PORTS][MAX_PORTS];
 static int64_t jitter_ns;
 static int jitter_normal;
 static int64_t spin_ns = 50000;
+static int rt_priority;          /* SCHED_FIFO priority; 0 = normal scheduling */
 static uint32_t pool_frames = 32768;
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
 static char log_path[4096], stats_path[4096];
@@ -460,6 +462,9 @@ static void read_config(const char *path) {
             rng_state = (uint64_t)n1 * 0x9e3779b97f4a7c15ULL + 1;
         } else if (!strcmp(key, "spin_ns") && sscanf(line, "%*s %lld", &n1) == 1 && n1 >= 0) {
             spin_ns = n1;
+        } else if (!strcmp(key, "rt_priority") && sscanf(line, "%*s %lld", &n1) == 1 && n1 >= 0 &&
+                   n1 <= 99) {
+            rt_priority = (int)n1;
         } else if (!strcmp(key, "pool") && sscanf(line, "%*s %lld", &n1) == 1 && n1 >= 64 &&
                    n1 <= (1 << 22)) {
             pool_frames = (uint32_t)n1;
@@ -564,6 +569,16 @@ int main(int argc, char **argv) {
     read_config(argv[1]);
     install_signals();
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    if (rt_priority > 0) {
+        /* A wire must not wait behind the processes it connects: on shared
+         * cores a normal-priority forwarder wakes milliseconds late when the
+         * hosts are busy. The kernel's RT throttling (sched_rt_runtime_us)
+         * still leaves the others CPU if the forwarder saturates. */
+        struct sched_param sp = {.sched_priority = rt_priority};
+        if (sched_setscheduler(0, SCHED_FIFO, &sp) < 0)
+            fprintf(stderr, "wirefwd: SCHED_FIFO %d refused (%s); running at normal priority\n",
+                    rt_priority, strerror(errno));
+    }
 
     pool = malloc((size_t)pool_frames * SLOT_BYTES);
     meta = calloc(pool_frames, sizeof *meta);
