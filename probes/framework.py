@@ -59,8 +59,8 @@ class FwEvent(ctypes.Structure):
         ("sock", ctypes.c_uint64), ("obj", ctypes.c_uint64), ("ret", ctypes.c_int64),
         ("size", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("tid", ctypes.c_uint32),
         ("arg", ctypes.c_int32), ("data_len", ctypes.c_uint16), ("kind", ctypes.c_uint8),
-        ("more", ctypes.c_uint8), ("msg_type", ctypes.c_uint8),
-        ("_pad", ctypes.c_uint8 * 7), ("data", ctypes.c_uint8 * CAPTURE_BYTES),
+        ("more", ctypes.c_uint8), ("msg_type", ctypes.c_uint8), ("busy", ctypes.c_uint8),
+        ("_pad", ctypes.c_uint8 * 6), ("data", ctypes.c_uint8 * CAPTURE_BYTES),
     ]
 
 
@@ -351,11 +351,7 @@ def _with_sender(meta: MetaIds, sender: int | None) -> MetaIds:
 
 # A probe object without zmq targets still compiles the zmq functions (never
 # attached): they need some integer for each layout constant.
-_UNUSED_LAYOUT = {name: 0 for name in (
-    "ZMQ_TYPE_OFF", "ZMQ_FLAGS_OFF", "ZMQ_MORE_MASK", "ZMQ_VSM_TYPE", "ZMQ_VSM_DATA_OFF",
-    "ZMQ_VSM_SIZE_OFF", "ZMQ_VSM_MAX_BYTES", "ZMQ_LMSG_TYPE", "ZMQ_ZCLMSG_TYPE",
-    "ZMQ_CONTENT_PTR_OFF", "ZMQ_CONTENT_DATA_OFF", "ZMQ_CONTENT_SIZE_OFF", "ZMQ_CMSG_TYPE",
-    "ZMQ_CMSG_DATA_OFF", "ZMQ_CMSG_SIZE_OFF")}
+_UNUSED_LAYOUT = ZmqMsgLayout.placeholder().bpf_defines()
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:
@@ -413,11 +409,11 @@ class FrameworkProbe:
             raise UserError("the framework probe needs root (BPF uprobes); run it with sudo")
         self._bpf = BPF(src_file=str(SOURCE).encode(), cflags=self.cflags())
         try:
-            _check_mirror(self._bpf["fw_event_layout"].Leaf)
+            _check_mirror(self._bpf[b"fw_event_layout"].Leaf)
             for t in self.targets:
                 for p in POINTS[t.layer]:
                     self._attach(t, p)
-            self._bpf["events"].open_ring_buffer(self._on_event)
+            self._bpf[b"events"].open_ring_buffer(self._on_event)
         except BaseException:
             self.close()
             raise
@@ -426,9 +422,9 @@ class FrameworkProbe:
     def _attach(self, t: Target, p: AttachPoint) -> None:
         pid = t.pid if t.pid is not None else -1
         try:
-            self._bpf.attach_uprobe(name=str(t.library), sym=p.symbol, fn_name=p.entry_fn, pid=pid)
-            self._bpf.attach_uretprobe(name=str(t.library), sym=p.symbol, fn_name=p.return_fn,
-                                       pid=pid)
+            lib, sym = os.fsencode(t.library), p.symbol.encode()
+            self._bpf.attach_uprobe(name=lib, sym=sym, fn_name=p.entry_fn.encode(), pid=pid)
+            self._bpf.attach_uretprobe(name=lib, sym=sym, fn_name=p.return_fn.encode(), pid=pid)
         except Exception as e:
             where = f"process {t.pid}" if t.pid else "every process"
             raise UserError(f"cannot attach a uprobe to {p.symbol} in {t.library} ({where}): "
@@ -456,7 +452,7 @@ class FrameworkProbe:
 
     def counters(self) -> dict[str, int]:
         """Events per outcome, summed over CPUs (DESIGN.md: seen and lost per probe)."""
-        table = self._bpf["counters"]
+        table = self._bpf[b"counters"]
         out = {name: int(sum(table[table.Key(i)])) for i, name in enumerate(COUNTERS)}
         out["decoded"] = self.decoded
         out["open_messages"] = self.assembler.open_messages

@@ -28,7 +28,7 @@ import ctypes
 import functools
 import os
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from agent.errors import UserError
@@ -79,8 +79,17 @@ class ZmqMsgLayout:
 
     def bpf_defines(self) -> dict[str, int]:
         """The layout as the integer constants framework.bpf.c expects (-D NAME=value)."""
-        return {f"ZMQ_{k.upper()}": v for k, v in asdict(self).items()
-                if isinstance(v, int)}
+        out = {f"ZMQ_{k.upper()}": v for k, v in asdict(self).items() if isinstance(v, int)}
+        out["ZMQ_MSG_BYTES"] = MSG_T_BYTES
+        # The content block is read in one go, up to the end of its later field.
+        out["ZMQ_CONTENT_BLOCK_BYTES"] = max(self.content_data_off, self.content_size_off) + 8
+        return out
+
+    @classmethod
+    def placeholder(cls) -> "ZmqMsgLayout":
+        """All offsets 0: compiles the zmq half of the probe when nothing will attach to it."""
+        ints = {f.name: 0 for f in fields(cls) if f.type == "int"}
+        return cls(library="", version="", **ints)
 
     def same_offsets(self, other: "ZmqMsgLayout") -> bool:
         return self.bpf_defines() == other.bpf_defines()
