@@ -62,21 +62,21 @@ class Filters:
 
         one = ct.c_uint8(1)
         if self.tgids:
-            m = bpf["filter_tgids"]
+            m = bpf[b"filter_tgids"]
             for t in self.tgids:
                 m[ct.c_uint32(t)] = one
         if self.comms:
-            m = bpf["filter_comms"]
+            m = bpf[b"filter_comms"]
             for c in self.comms:
                 key = m.Key()
                 ct.memmove(ct.addressof(key), c, COMM_BYTES)
                 m[key] = one
         if self.ports:
-            m = bpf["filter_ports"]
+            m = bpf[b"filter_ports"]
             for p in self.ports:
                 m[ct.c_uint16(p)] = one
         if self.netns_inos:
-            m = bpf["filter_netns"]
+            m = bpf[b"filter_netns"]
             for n in self.netns_inos:
                 m[ct.c_uint32(n)] = one
 

@@ -56,17 +56,19 @@ class ProbeProgram:
             raise UserError("loading BPF probes needs root; run pslat with sudo")
         bcc = _bcc()
         t0 = time.perf_counter()
-        self.bpf = bcc.BPF(text=self.generated.text, cflags=self.generated.cflags)
+        self.bpf = bcc.BPF(text=self.generated.text.encode(), cflags=self.generated.cflags)
         t1 = time.perf_counter()
         self.compile_s = t1 - t0
         try:
             self.generated.filters.fill(self.bpf)
             for probe in self.generated.probes:
                 for a in probe.attach:
+                    # bcc wants bytes for names (str works but warns).
+                    target, fn = a.target.encode(), a.fn.encode()
                     if a.kind == "tracepoint":
-                        self.bpf.attach_tracepoint(tp=a.target, fn_name=a.fn)
+                        self.bpf.attach_tracepoint(tp=target, fn_name=fn)
                     else:
-                        self.bpf.attach_raw_tracepoint(tp=a.target, fn_name=a.fn)
+                        self.bpf.attach_raw_tracepoint(tp=target, fn_name=fn)
         except BaseException:
             self.close()
             raise
@@ -101,7 +103,7 @@ class ProbeProgram:
                 handler(name, ev)
                 return 0
 
-            self.bpf[probe.ring].open_ring_buffer(callback)
+            self.bpf[probe.ring.encode()].open_ring_buffer(callback)
         self._rings_open = True
 
     def poll(self, timeout_ms: int = 100) -> None:
@@ -118,7 +120,7 @@ class ProbeProgram:
         """Per probe, each counter summed over CPUs."""
         out = {}
         for probe in self.generated.probes:
-            table = self.bpf[probe.counters_map]
+            table = self.bpf[probe.counters_map.encode()]
             out[probe.name] = {name: int(table.sum(ctypes.c_int(i)).value)
                                for i, name in enumerate(probe.counters)}
         return out
