@@ -192,7 +192,7 @@ class FrameworkMessage:
     peer: bytes | None = None  # ROUTER routing id (recv: who sent it; send: to whom)
     meta: MetaIds | None = None
     frame_sizes: tuple[int, ...] = ()
-    frame_heads: tuple[bytes, ...] = ()
+    frame_heads: tuple[bytes, ...] = ()  # first bytes of each frame (ps: of ps::Meta)
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int] | None:
@@ -340,7 +340,8 @@ class MessageAssembler:
             layer="ps", direction=direction, tgid=call.tgid, tid=call.tid, sock=call.sock,
             ts_ns=call.ts_ns if direction == "send" else call.ret_ts_ns,
             call_ts_ns=call.ts_ns, ret_ts_ns=call.ret_ts_ns, first_ret_ts_ns=call.ret_ts_ns,
-            total_bytes=call.ret, frames=None, meta=decode_ps_meta(call.head))
+            total_bytes=call.ret, frames=None, meta=decode_ps_meta(call.head),
+            frame_heads=(call.head,))
 
 
 def _with_sender(meta: MetaIds, sender: int | None) -> MetaIds:

@@ -1,14 +1,22 @@
-"""From framework uprobe events to framework messages (probes/framework.py, no BPF needed):
-event decoding, zmq frames grouped into messages, routing ids, PBMeta and ps::Meta ids."""
+"""probes/framework.py without BPF: event decoding, zmq frames grouped into messages,
+routing ids, PBMeta and ps::Meta ids, and the probe's configuration."""
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 import struct
+from pathlib import Path
 
+import pytest
+
+from agent.errors import UserError
 from parsers.pslite.meta import PBControl, PBMeta, PBNode
-from probes.framework import (CAPTURE_BYTES, PS_META_EMPTY, PS_META_FORMAT, ZMQ_DEALER,
-                              ZMQ_ROUTER, FrameCall, FwEvent, Kind, MessageAssembler,
-                              decode_event, decode_pbmeta, decode_ps_meta)
+from probes.framework import (CAPTURE_BYTES, PS_META_EMPTY, PS_META_FORMAT, SOURCE, ZMQ_DEALER,
+                              ZMQ_ROUTER, FrameCall, FrameworkProbe, FwEvent, Kind,
+                              MessageAssembler, Target, decode_event, decode_pbmeta,
+                              decode_ps_meta, targets_of_pid)
+from probes.zmq_layout import pyzmq_libzmq
 
 _ts = iter(range(1000, 10**9, 10))
 
@@ -153,3 +161,46 @@ def test_ps_layer_events_are_messages_on_their_own():
     r = asm.feed(call(Kind.PS_RECV, raw, ret=102))
     assert (s.layer, s.direction, s.total_bytes, s.frames, s.ts_ns) == ("ps", "send", 99, None, s.call_ts_ns)
     assert (r.direction, r.ts_ns, r.meta.timestamp, r.meta.recver) == ("recv", r.ret_ts_ns, 4, 8)
+
+
+# --- the probe's configuration (no BPF: compiling and attaching need root) ---------------
+
+def test_every_constant_the_bpf_source_requires_is_passed_as_an_integer():
+    probe = FrameworkProbe([Target(pyzmq_libzmq(), "zmq")])
+    required = set(re.findall(r"!defined\((\w+)\)", SOURCE.read_text()))
+    passed = dict(f.removeprefix("-D").split("=") for f in probe.cflags())
+    assert required and required <= set(passed)
+    assert all(v.isdigit() for v in passed.values())
+    assert int(passed["ZMQ_TYPE_OFF"]) == probe.layout.type_off
+    assert f"#define ZMQ_VSM_DATA_OFF {probe.layout.vsm_data_off}" in probe.program_text()
+
+
+def test_a_probe_without_zmq_targets_still_gets_every_constant():
+    probe = FrameworkProbe([Target(Path("/nonexistent/libmxnet.so"), "ps")])
+    required = set(re.findall(r"!defined\((\w+)\)", SOURCE.read_text()))
+    assert required <= {f.removeprefix("-D").split("=")[0] for f in probe.cflags()}
+    assert probe.layout is None
+
+
+@pytest.mark.parametrize("pages", [0, 3, -1, "8", True])
+def test_bad_ring_buffer_sizes_are_refused(pages):
+    with pytest.raises(UserError, match="ring buffer pages"):
+        FrameworkProbe([Target(pyzmq_libzmq(), "zmq")], ringbuf_pages=pages)
+
+
+def test_bad_targets_are_refused():
+    with pytest.raises(UserError, match="no framework library"):
+        FrameworkProbe([])
+    with pytest.raises(UserError, match="unknown framework layer"):
+        Target(Path("/x.so"), "grpc")
+    with pytest.raises(UserError, match="not a process id"):
+        Target(Path("/x.so"), "zmq", pid=0)
+    with pytest.raises(UserError, match="cannot read the libraries of process"):
+        targets_of_pid(2**22 + 12345)
+
+
+def test_a_process_is_searched_for_the_libzmq_it_loaded():
+    import zmq  # noqa: F401  (maps pyzmq's libzmq into this process)
+
+    found = targets_of_pid(os.getpid())
+    assert [(t.layer, t.library.resolve()) for t in found] == [("zmq", pyzmq_libzmq().resolve())]
