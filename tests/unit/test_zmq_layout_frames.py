@@ -203,4 +203,6 @@ def test_a_process_is_searched_for_the_libzmq_it_loaded():
     import zmq  # noqa: F401  (maps pyzmq's libzmq into this process)
 
     found = targets_of_pid(os.getpid())
-    assert [(t.layer, t.library.resolve()) for t in found] == [("zmq", pyzmq_libzmq().resolve())]
+    # (other tests of this session may have loaded more libzmq-named libraries)
+    assert ("zmq", pyzmq_libzmq().resolve()) in {(t.layer, t.library.resolve()) for t in found}
+    assert all(t.pid == os.getpid() and t.library.name.startswith("libzmq") for t in found)
