@@ -40,6 +40,7 @@ class Customer:
         self._fatal = fatal
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._tracker: list[list[int]] = []  # per timestamp: [expected, received]
+        self._done_below = 0
         self._cond = threading.Condition()
         fatal.on_fail(self._wake_all)
         self._thread = threading.Thread(target=self._receiving, name="ps-customer", daemon=True)
@@ -75,7 +76,12 @@ class Customer:
 
     def outstanding(self) -> list[int]:
         with self._cond:
-            return [ts for ts, (e, r) in enumerate(self._tracker) if r < e]
+            # Every timestamp below the watermark is done: scan only the rest.
+            while self._done_below < len(self._tracker) and \
+                    self._tracker[self._done_below][1] >= self._tracker[self._done_below][0]:
+                self._done_below += 1
+            return [ts for ts in range(self._done_below, len(self._tracker))
+                    if self._tracker[ts][1] < self._tracker[ts][0]]
 
     def accept(self, msg) -> None:
         self._queue.put(msg)

@@ -80,11 +80,6 @@ class ZipfSampler:
             filled += got.size
         return out
 
-    def pmf(self, ranks: np.ndarray) -> np.ndarray:
-        """Exact probabilities of the given ranks (for tests; O(n))."""
-        w = np.arange(1, self.n + 1, dtype=np.float64) ** -self.s
-        return w[np.asarray(ranks) - 1] / w.sum()
-
 
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a cheap, well-mixing uint64 -> uint64 hash."""

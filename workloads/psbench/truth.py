@@ -11,7 +11,6 @@ import os
 import threading
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -92,11 +91,11 @@ class TruthWriter:
 def read_truth(out_dir: Path):
     """All shards under `<out_dir>/truth` as one pandas DataFrame (empty, with
     the schema's columns, when there are none)."""
+    import pandas as pd  # here, not at the top: psbench's processes never need it
+
     files = sorted((Path(out_dir) / "truth").glob("*.parquet"))
     tables = [pq.read_table(f, schema=SCHEMA) for f in files] or [SCHEMA.empty_table()]
     # Nullable pandas dtypes: ns timestamps stay exact ints (float64 would round them).
-    return pa.concat_tables(tables).to_pandas(types_mapper=_PANDAS_TYPES.get)
-
-
-_PANDAS_TYPES = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype(),
-                 pa.bool_(): pd.BooleanDtype(), pa.string(): pd.StringDtype()}
+    types = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype(),
+             pa.bool_(): pd.BooleanDtype(), pa.string(): pd.StringDtype()}
+    return pa.concat_tables(tables).to_pandas(types_mapper=types.get)

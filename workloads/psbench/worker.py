@@ -13,7 +13,12 @@ background, so the TCP and ZMTP set-up of the new connection is NOT in any
 gap between requests: it falls inside the next slice to each server, between
 its t_issued_ns and t_completed_ns (that slice has new_connection = true).
 The close/open calls themselves happen before t_issued_ns and are counted in
-no slice.
+no slice. In open loop the worker first waits until every request in flight
+is answered: the server's ROUTER hands the identity over to the new
+connection at once (ROUTER_HANDOVER) and would deliver requests still unread
+on the old one under an anonymous identity, i.e. without their sender; that
+wait delays the next issue past its due time (visible as t_issued_ns -
+t_scheduled_ns).
 """
 from __future__ import annotations
 
@@ -59,6 +64,7 @@ class KVWorker:
                 t_scheduled_ns: int | None = None) -> int:
         """Send one push or pull (sorted unique uint64 keys); returns its timestamp."""
         if self.wl.reconnect_every and self.requests_issued and self.requests_issued % self.wl.reconnect_every == 0:
+            self.drain(self.wl.start_timeout_s)
             self.reconnect()
         self.requests_issued += 1
         bounds = self.space.slice_bounds(keys)
@@ -148,6 +154,10 @@ class KVWorker:
             sleep_until(due)
             push = schedule.k % 2 == 0  # k was advanced: requests 0, 2, ... pull; 1, 3, ... push
             self.request(push, self.keys.next_keys(), grads if push else None, t_scheduled_ns=due)
+        self.drain(timeout_s)
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait until every request issued so far is answered."""
         deadline = time.monotonic() + timeout_s
         for ts in self.customer.outstanding():
             self._wait(ts, max(0.0, deadline - time.monotonic()))
