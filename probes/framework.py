@@ -372,7 +372,7 @@ class FrameworkProbe:
         pages = _check_int("ring buffer pages", ringbuf_pages, 1, 1 << 16)
         if pages & (pages - 1):
             raise UserError(f"ring buffer pages must be a power of two, not {pages}")
-        self.targets = list(targets)
+        self.targets = _without_overlaps(targets)
         self.layout = self._one_layout(self.targets)
         self._defines = {
             "FW_CAPTURE_BYTES": CAPTURE_BYTES, "FW_RINGBUF_PAGES": pages,
@@ -469,6 +469,17 @@ class FrameworkProbe:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _without_overlaps(targets: Iterable[Target]) -> list[Target]:
+    """Each target once; a library probed in every process is not probed again per pid
+    (the uprobe would fire twice per call)."""
+    everywhere = {(t.library, t.layer) for t in targets if t.pid is None}
+    out: list[Target] = []
+    for t in targets:
+        if t not in out and (t.pid is None or (t.library, t.layer) not in everywhere):
+            out.append(t)
+    return out
 
 
 def _check_mirror(leaf) -> None:

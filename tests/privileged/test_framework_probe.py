@@ -138,7 +138,7 @@ def child_factory():
         c.close()
 
 
-def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_factory):
+def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_factory, capsys):
     child = child_factory(CHILD)
     assert child.line() == "ready"
     targets = targets_of_pid(child.proc.pid)
@@ -161,6 +161,7 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
         key = (r.sock, r.direction, r.meta.timestamp, r.meta.request)
         assert key not in by_key, f"reported twice: {key}"
         by_key[key] = r
+    gaps: dict[str, list[int]] = {}
     for rec in log:
         r = by_key[(rec["sock"], rec["dir"], rec["timestamp"], rec["request"])]
         assert r.tid == rec["tid"]
@@ -173,6 +174,7 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
         assert rec["t_before_ns"] <= r.ts_ns <= rec["t_after_ns"]
         gap = r.ts_ns - rec["t_before_ns"] if rec["dir"] == "send" else rec["t_after_ns"] - r.ts_ns
         assert gap < TOLERANCE_NS, f"{rec['dir']} boundary {gap} ns from the child's own clock"
+        gaps.setdefault(rec["dir"], []).append(gap)
     for (sock, direction, ts, request), r in by_key.items():
         if direction == "send":
             peer_recv = next(x for (s, d, t, q), x in by_key.items()
@@ -180,6 +182,9 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
             assert r.ts_ns < peer_recv.ts_ns
     assert counters["lost"] == 0 and counters["orphan"] == 0 and counters["inflight_full"] == 0
     assert counters["open_messages"] == 0
+    with capsys.disabled():
+        print("\nframework probe: boundary vs the child's clock (ns, median/max): " + ", ".join(
+            f"{d} {sorted(g)[len(g) // 2]}/{max(g)}" for d, g in sorted(gaps.items())))
 
 
 def test_uprobe_cost_per_send_call(child_factory, capsys):

@@ -206,3 +206,10 @@ def test_a_process_is_searched_for_the_libzmq_it_loaded():
     # (other tests of this session may have loaded more libzmq-named libraries)
     assert ("zmq", pyzmq_libzmq().resolve()) in {(t.layer, t.library.resolve()) for t in found}
     assert all(t.pid == os.getpid() and t.library.name.startswith("libzmq") for t in found)
+
+
+def test_a_library_is_never_probed_twice_for_the_same_process():
+    lib = Path("/nonexistent/libmxnet.so")
+    probe = FrameworkProbe([Target(lib, "ps", 10), Target(lib, "ps", 10), Target(lib, "ps"),
+                            Target(lib, "ps", 11), Target(Path("/other/libmxnet.so"), "ps", 10)])
+    assert probe.targets == [Target(lib, "ps"), Target(Path("/other/libmxnet.so"), "ps", 10)]
