@@ -31,7 +31,9 @@ What is recorded (in log_dir):
   source and destination host, ethertype, IPv4 addresses, TCP/UDP ports, TCP
   seq/ack/flags, payload and frame bytes, drops.
 - wirefwd.conf / wirefwd.stderr / wirefwd.stats.json: the forwarder's input,
-  complaints and counters (frames in/out, drops, kernel socket drops).
+  complaints and counters (frames in/out, drops, kernel socket drops, CPU).
+  The forwarder runs SCHED_FIFO (priority RT_PRIORITY): on shared cores a
+  normal-priority wire woke milliseconds late whenever the hosts were busy.
 - `describe()`: hosts, addresses, MACs, delays per pair, jitter, the offload
   state of every interface, MTU, ARP and IPv6 settings.
 
@@ -259,6 +261,7 @@ class Cluster:
             "ipv6": "disabled",
             "forwarder_pid": self._forwarder_pid,
             "spin_ns": forwarder.SPIN_NS,
+            "rt_priority": forwarder.RT_PRIORITY,
             "log_dir": str(self.log_dir),
             "wire_log": str(self.log_dir / "wire.bin"),
         }

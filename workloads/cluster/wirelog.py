@@ -42,7 +42,7 @@ RECORD_DTYPE = np.dtype([
 ])
 assert RECORD_DTYPE.itemsize == 56
 
-DROP_REASONS = {0: "", 1: "pool_full", 2: "send_error"}
+DROP_REASONS = {0: "", 1: "pool_full", 2: "send_error", 3: "shutdown"}
 ETH_P_IP = 0x0800
 IPPROTO_TCP = 6
 
