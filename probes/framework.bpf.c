@@ -21,8 +21,8 @@
 #if !defined(FW_CAPTURE_BYTES) || !defined(FW_RINGBUF_PAGES) || !defined(FW_INFLIGHT_MAX)
 #error "probes/framework.py passes FW_CAPTURE_BYTES, FW_RINGBUF_PAGES and FW_INFLIGHT_MAX"
 #endif
-#if !defined(ZMQ_MSG_BYTES) || !defined(ZMQ_CONTENT_BLOCK_BYTES) || !defined(ZMQ_TYPE_OFF) || !defined(ZMQ_FLAGS_OFF) || !defined(ZMQ_MORE_MASK) || \
-    !defined(ZMQ_VSM_TYPE) || !defined(ZMQ_VSM_DATA_OFF) || !defined(ZMQ_VSM_SIZE_OFF) || \
+#if !defined(ZMQ_MSG_BYTES) || !defined(ZMQ_CONTENT_BLOCK_BYTES) || !defined(ZMQ_TYPE_OFF) || \
+    !defined(ZMQ_FLAGS_OFF) || !defined(ZMQ_MORE_MASK) || !defined(ZMQ_VSM_TYPE) || !defined(ZMQ_VSM_DATA_OFF) || !defined(ZMQ_VSM_SIZE_OFF) || \
     !defined(ZMQ_VSM_MAX_BYTES) || !defined(ZMQ_LMSG_TYPE) || !defined(ZMQ_ZCLMSG_TYPE) || \
     !defined(ZMQ_CONTENT_PTR_OFF) || !defined(ZMQ_CONTENT_DATA_OFF) || \
     !defined(ZMQ_CONTENT_SIZE_OFF) || !defined(ZMQ_CMSG_TYPE) || \
@@ -47,8 +47,8 @@ enum fw_counter {
     FW_NCOUNTERS = 5,
 };
 
-/* Mirrored by FwEvent in probes/framework.py (checked by a test through the
- * `fw_event_layout` map, whose leaf type bcc derives from this declaration).
+/* Mirrored by FwEvent in probes/framework.py (checked at every start against
+ * the `fw_event_layout` map, whose leaf type bcc derives from this declaration).
  * Explicit padding: no hole the compiler could place differently. */
 struct fw_event {
     u64 ts_ns;       /* call entry, CLOCK_MONOTONIC */
@@ -93,6 +93,12 @@ static __always_inline void count(u32 which)
 #define FW_MIN(a, b) ((a) < (b) ? (a) : (b))
 /* Inline frames are copied whole from the zmq_msg_t already on our stack. */
 #define FW_VSM_COPY FW_MIN(ZMQ_VSM_MAX_BYTES, FW_CAPTURE_BYTES)
+#if ZMQ_VSM_DATA_OFF + FW_VSM_COPY > ZMQ_MSG_BYTES || ZMQ_TYPE_OFF >= ZMQ_MSG_BYTES || \
+    ZMQ_FLAGS_OFF >= ZMQ_MSG_BYTES || ZMQ_VSM_SIZE_OFF >= ZMQ_MSG_BYTES || \
+    ZMQ_CONTENT_PTR_OFF + 8 > ZMQ_MSG_BYTES || ZMQ_CMSG_DATA_OFF + 8 > ZMQ_MSG_BYTES || \
+    ZMQ_CMSG_SIZE_OFF + 8 > ZMQ_MSG_BYTES || ZMQ_CONTENT_BLOCK_BYTES > 64
+#error "zmq_msg_t layout constants out of range"
+#endif
 
 /* Size and first bytes of the frame in a zmq_msg_t, by its type tag. The
  * zmq_msg_t is read in one go: each bpf_probe_read_user costs ~100 ns here. */
