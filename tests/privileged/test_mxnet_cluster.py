@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 import subprocess
+import sys
 import time
 from collections import defaultdict
 
@@ -21,11 +22,15 @@ from workloads.mxnet import oplog, runner, venv
 pytestmark = [pytest.mark.privileged, pytest.mark.mxnet]
 
 ITERS = 8
-# Small table (64k rows x 8 floats) but over the bigarray bound we set, so
-# MXNet splits it over both servers by row range, as a real embedding is.
-SCRIPT_ARGS = ["--iters", str(ITERS), "--num-rows", "65536", "--dim", "8", "--rows-per-pull", "64"]
+NUM_ROWS = 16384
+# A small table (16k rows x 8 floats, a 512 KiB init push) but over the
+# bigarray bound we set, so MXNet splits it over both servers by row range,
+# as it does a real embedding table.
+SCRIPT_ARGS = ["--iters", str(ITERS), "--num-rows", str(NUM_ROWS), "--dim", "8",
+               "--rows-per-pull", "64"]
 BIGARRAY_BOUND_ELEMS = 100_000
 JOB_TIMEOUT_S = 60.0
+MARKER_PORT = 1  # closed in every host: a SYN there marks the end of a capture
 
 
 def _make_cluster(n: int, wire_delay_ms: float = 0.0) -> Cluster:
@@ -37,15 +42,18 @@ class _Capture:
 
     def __init__(self, cluster, host, path):
         self.path = path
+        self.cluster, self.host = cluster, host
+        # --immediate-mode makes libpcap use fixed ring slots sized by the snap
+        # length: -s 0 (256 KiB) leaves 8 slots in the default 2 MiB buffer and
+        # drops most of a burst. 2048 holds a whole 1500-byte frame (the cluster
+        # turns segmentation offloads off); -B gives 32 MiB of slots.
         self.proc = cluster.popen(host, ["tcpdump", "--immediate-mode", "-U", "-n", "-i", "any",
-                                         "-s", "0", "-w", str(path), "tcp"],
+                                         "-s", "2048", "-B", "32768", "-w", str(path), "tcp"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   start_new_session=True)
 
     def __enter__(self):
         # Ready signal: tcpdump says "listening on" once its socket is open.
-        # --immediate-mode: without it packets wait in the kernel's ring block
-        # (up to 1 s) and a SIGTERM right after the job loses them.
         seen = []
         for line in iter(self.proc.stderr.readline, b""):
             seen.append(line)
@@ -54,9 +62,30 @@ class _Capture:
         self.proc.kill()
         raise RuntimeError(f"tcpdump did not start: {b''.join(seen)!r}")
 
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Return once tcpdump has written everything sent so far.
+
+        On a busy 2-core machine tcpdump lags, and a SIGTERM drops what is
+        still in its socket. So send a marker (a SYN to a closed port on the
+        host's loopback) and wait until it is in the file.
+        """
+        from scapy.all import TCP, PcapReader
+        self.cluster.run(self.host, [sys.executable, "-c", "import socket; socket.socket()"
+                                     f".connect_ex(('127.0.0.1', {MARKER_PORT}))"], check=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with PcapReader(str(self.path)) as r:
+                if any(TCP in p and p[TCP].dport == MARKER_PORT for p in r):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"tcpdump on {self.host.name} did not catch up within {timeout_s} s")
+
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(timeout=10)
+        # tcpdump's last words: "N packets captured ... M packets dropped by kernel"
+        self.stats = self.proc.stderr.read().decode(errors="replace").strip()
+        self.dropped = "\n0 packets dropped by kernel" not in "\n" + self.stats
         self.proc.stderr.close()
 
 
@@ -96,7 +125,10 @@ def _check_wire(res: runner.MxnetResult, servers: int, captures: dict[int, _Capt
                     found += 1
                 else:
                     missing.append((rank, r.op, r.iter, server))
-    assert not missing, f"{len(missing)} slices not on the wire (found {found}): {missing[:5]}"
+    stats = " / ".join(c.stats.replace("\n", ", ") for c in captures.values())
+    assert not any(c.dropped for c in captures.values()), f"tcpdump lost packets: {stats}"
+    assert not missing, (f"{len(missing)} slices not on the wire (found {found}): {missing[:5]}; "
+                         f"tcpdump: {stats}")
     assert found == 2 * ITERS * servers * len(captures)
 
 
@@ -125,7 +157,7 @@ def _check_logs(res: runner.MxnetResult, servers: int, workers: int) -> None:
             assert pull.t_after_ns > pull.t_before_ns
             assert push.t_before_ns >= pull.t_after_ns  # one op at a time, in order
         init = next(r for r in recs if r.op == "init")
-        assert init.rows == (65536 if rank == 0 else 0)
+        assert init.rows == (NUM_ROWS if rank == 0 else 0)
     # The processes ran where the placement put them, with ps-lite's ids.
     by_name = {p.name: p for p in res.processes}
     assert by_name["scheduler"].node_id == 1
@@ -154,6 +186,8 @@ def test_sparse_kv_across_hosts(tmp_path, mxnet_python, servers, workers, mode, 
         try:
             with job:
                 res = job.wait(timeout_s=JOB_TIMEOUT_S)
+            for c in caps:
+                c.drain()
         finally:
             for c in caps:
                 c.__exit__()
@@ -196,3 +230,22 @@ def test_failing_job_is_reported_and_cleaned_up(tmp_path, mxnet_python):
             job.wait(timeout_s=JOB_TIMEOUT_S)
     for info, p in job.procs:
         assert p.poll() is not None, f"{info.name} still running"
+
+
+def test_gated_job_holds_workers_until_released(tmp_path, mxnet_python):
+    """Gated: every pid is known and no worker has connected before release()."""
+    with _make_cluster(2) as cluster:
+        job = runner.MxnetJob(cluster, ["--iters", "2", "--num-rows", "1024", "--dim", "4"],
+                              tmp_path / "out", servers=1, workers=1, gated=True)
+        with job:
+            pids = job.wait_ready(timeout_s=JOB_TIMEOUT_S)
+            assert set(pids) == {"scheduler", "server-0", "worker-0"}
+            worker_host = next(s.host for s in job.specs if s.role == "worker")
+            # No TCP connection from the worker's host yet: it waits before kv.create.
+            ss = cluster.run(worker_host, ["ss", "-Htn", "state", "established"],
+                             capture_output=True, text=True, check=True).stdout
+            assert ss.strip() == ""
+            assert not list((tmp_path / "out").glob("worker-*.jsonl"))
+            job.release()
+            res = job.wait(timeout_s=JOB_TIMEOUT_S)
+    assert [r.op for r in res.op_logs()[0]].count("pull") == 2

@@ -13,7 +13,10 @@ role; DMLC_NODE_HOST is its own host's address, which ps-lite announces to
 its peers (without it ps-lite guesses an interface, wrongly in a namespace).
 
 `MxnetJob` is the same without the wait, for callers (the agent's tests) that
-need the pids while the job runs.
+need the pids while the job runs. With gated=True its workers stop after
+loading MXNet and before opening any connection: `wait_ready()` returns once
+every worker is there (all pids known, no worker traffic yet), `release()`
+lets them go.
 """
 from __future__ import annotations
 
@@ -176,7 +179,7 @@ class MxnetJob:
                  servers: int = 1, workers: int = 2, mode: str = "dist_async",
                  root_port: int = DEFAULT_ROOT_PORT, script: str | os.PathLike = SPARSE_KV,
                  ps_verbose: int = 1, env: dict[str, str] | None = None,
-                 python: str | os.PathLike | None = None):
+                 python: str | os.PathLike | None = None, gated: bool = False):
         if mode not in MODES:
             raise UserError(f"unknown kvstore mode {mode!r}; use one of {', '.join(MODES)}")
         if servers < 1 or workers < 1:
@@ -200,6 +203,9 @@ class MxnetJob:
         self.root_uri = self.specs[0].host.addr
         self.procs: list[tuple[ProcInfo, subprocess.Popen]] = []
         self._t_start = 0.0
+        self.gate_file = self.out_dir / "gate" if gated else None
+        if self.gate_file:
+            self.script_args += ["--gate-file", str(self.gate_file)]
 
     def _env(self, spec: ProcSpec) -> dict[str, str]:
         # Start from ours minus any DMLC_*/PS_* left over, so nothing leaks in
@@ -225,6 +231,11 @@ class MxnetJob:
     def start(self) -> "MxnetJob":
         log_dir = self.out_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
+        # A previous run's files in the same dir would mix into this run's
+        # ground truth, and its gate file would open this run's gate at once.
+        for pattern in ("worker-*.jsonl", "worker-*.json", "ready-*", "gate"):
+            for stale in self.out_dir.glob(pattern):
+                stale.unlink()
         argv = [str(self.python), str(self.script), "--mode", self.mode, *self.script_args]
         self._t_start = time.monotonic()
         try:
@@ -241,6 +252,34 @@ class MxnetJob:
             self.stop()
             raise
         return self
+
+    def _check_alive(self) -> None:
+        for info, p in self.procs:
+            if info.returncode is None:
+                info.returncode = p.poll()
+            if info.returncode is not None:
+                raise self._fail(f"{info.name} on {info.host} exited with {info.returncode} "
+                                 "before the gate opened")
+
+    def wait_ready(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
+        """Gated job: wait until every worker waits at the gate; pid by process name."""
+        if not self.gate_file:
+            raise UserError("wait_ready() needs a job made with gated=True")
+        deadline = time.monotonic() + timeout_s
+        workers = [i for i, _ in self.procs if i.role == "worker"]
+        while not all((self.out_dir / f"ready-{i.pid}").exists() for i in workers):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise self._fail(f"workers not ready within {timeout_s:.0f} s")
+            time.sleep(POLL_INTERVAL_S)
+        return {i.name: i.pid for i, _ in self.procs}
+
+    def release(self) -> None:
+        """Gated job: let the workers connect and run."""
+        if not self.gate_file:
+            raise UserError("release() needs a job made with gated=True")
+        self._t_start = time.monotonic()  # wait()'s timeout counts from here
+        self.gate_file.touch()
 
     def stop(self) -> None:
         """Kill every process of the job still running (by its process group)."""

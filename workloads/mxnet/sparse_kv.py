@@ -52,6 +52,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="random seed (each worker adds its rank)")
     p.add_argument("--no-log-row-ids", dest="log_row_ids", action="store_false",
                    help="leave the row ids out of the pull/push records (smaller logs)")
+    p.add_argument("--gate-file", default=None,
+                   help="before connecting, write OUT_DIR/ready-<pid> and wait until this "
+                        "file exists (lets a tracer attach to the pids before any traffic)")
+    p.add_argument("--gate-timeout-s", type=float, default=300.0,
+                   help="give up waiting for --gate-file after this long")
     p.add_argument("--out-dir", default=os.environ.get(OUT_DIR_ENV),
                    help=f"where worker logs go (default: ${OUT_DIR_ENV})")
     args = p.parse_args(argv)
@@ -116,6 +121,22 @@ class OpLog:
         self._f.close()
 
 
+GATE_POLL_S = 0.005
+
+
+def wait_at_gate(out_dir: str, gate_file: str, timeout_s: float) -> None:
+    """Say we are ready (OUT_DIR/ready-<pid>), then wait for the gate file to appear."""
+    ready = os.path.join(out_dir, f"ready-{os.getpid()}")
+    with open(ready + ".tmp", "w") as f:
+        f.write(f"{time.monotonic_ns()}\n")
+    os.replace(ready + ".tmp", ready)
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(gate_file):
+        if time.monotonic() > deadline:
+            sys.exit(f"sparse_kv: {gate_file} did not appear within {timeout_s:.0f} s")
+        time.sleep(GATE_POLL_S)
+
+
 def run_worker(args: argparse.Namespace) -> None:
     import mxnet as mx  # only here: for a server or scheduler this import runs the role
     import numpy as np
@@ -123,6 +144,10 @@ def run_worker(args: argparse.Namespace) -> None:
     if not args.out_dir:
         sys.exit(f"sparse_kv: no output dir; pass --out-dir or set ${OUT_DIR_ENV}")
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.gate_file:
+        # After the import (libmxnet.so mapped, no socket yet): a worker opens
+        # its connections in mx.kv.create, so nothing it sends is missed.
+        wait_at_gate(args.out_dir, args.gate_file, args.gate_timeout_s)
 
     t0 = time.monotonic_ns()
     kv = mx.kv.create(args.mode)
