@@ -171,6 +171,12 @@ def test_missing_venv_without_create(tmp_path):
         venv.ensure_venv(tmp_path / "nope", create=False)
 
 
+def test_venv_creation_failure_says_make_setup(tmp_path, monkeypatch):
+    monkeypatch.setattr(venv, "SYS_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(UserError, match="cannot create the MXNet venv.*make setup"):
+        venv.ensure_venv(tmp_path / "venv", create=True)
+
+
 def test_node_id_from_pslite_log(tmp_path):
     log = tmp_path / "w.log"
     log.write_bytes(b"[16:42:16] ../3rdparty/ps-lite/src/van.cc:257: W[11] is connected to others\n")

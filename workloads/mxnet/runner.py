@@ -136,7 +136,7 @@ class MxnetResult:
     workers: int
     root_uri: str
     root_port: int
-    wall_s: float      # first process started -> last process exited
+    wall_s: float      # first process started (gated: release) -> last process exited
     processes: list[ProcInfo] = field(default_factory=list)
 
     def op_logs(self) -> dict[int, list[oplog.OpRecord]]:
@@ -299,8 +299,8 @@ class MxnetJob:
         self.stop()
         details = "; ".join(f"{i.name} on {i.host} (rc {i.returncode}): {_tail(i.log)}"
                             for i, _ in self.procs if i.returncode not in (0, None))
-        return UserError(f"MXNet job failed: {why}. {details} "
-                         f"Full logs in {self.out_dir / 'logs'}; rerun with ps_verbose=2 for every message")
+        return UserError(f"MXNet job failed: {why}. {details} Full logs in "
+                         f"{self.out_dir / 'logs'}; rerun with ps_verbose=2 for every message")
 
     def wait(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> MxnetResult:
         """Wait until every process exited; UserError (after killing the rest) on a failure."""
