@@ -106,7 +106,8 @@ def test_open_loop_rate_and_reconnects(tmp_path):
     n = len(w)
     assert abs(n - rate * duration) <= 2
     lag_us = (w.t_issued_ns - w.t_scheduled_ns) / 1e3
-    assert lag_us.min() >= 0 and lag_us.median() < 1000
+    # Never early; usually ~100 us late (bound loose: the 2-core VM is shared with other jobs).
+    assert lag_us.min() >= 0 and lag_us.median() < 5000
     period_ns = np.diff(w.t_scheduled_ns.to_numpy(dtype=np.int64))
     assert abs(period_ns.mean() - 1e9 / rate) < 1000
     assert list(w.op[:4]) == ["pull", "push", "pull", "push"]
@@ -135,3 +136,8 @@ def test_a_failing_process_fails_the_job_and_the_rest_flush(tmp_path):
 def test_bad_counts_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="at least 1 server"):
         launch_local(tmp_path, servers=0, workers=1, duration_s=1)
+
+
+def test_an_out_dir_with_truth_is_refused(closed_job):
+    with pytest.raises(UserError, match="already holds"):
+        launch_local(closed_job["out"], servers=1, workers=1, duration_s=1)

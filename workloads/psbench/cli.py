@@ -106,8 +106,6 @@ def run(
     from workloads.psbench.summary import summarize, summary_table
 
     out = out or Path(f"psbench-{time.strftime('%Y%m%d-%H%M%S')}")
-    if any((out / "truth").glob("*.parquet")):
-        raise UserError(f"{out} already holds a run's ground truth; pass a new --out")
     opts = dataclasses.asdict(workload)
     with launch_local(out, servers, workers, **opts) as job:
         job.wait()

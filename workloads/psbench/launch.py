@@ -153,6 +153,9 @@ def launch(out_dir: Path, placements: list[tuple[str, object, str]], popen: Pope
     the node with it); without it, an orphaned job still ends by itself after
     duration_s."""
     out_dir = Path(out_dir)
+    if any((out_dir / "truth").glob("*.parquet")):
+        raise UserError(f"{out_dir} already holds a run's ground truth, which this job's would mix with; "
+                        "pass a new output directory")
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     for stale in (out_dir / "nodes").glob("*.json"):
         stale.unlink()  # a reused out dir must not look ready already

@@ -25,7 +25,11 @@ def _pcts_us(lat_ns: pd.Series) -> dict:
     return {"p50": round(float(p50), 1), "p90": round(float(p90), 1), "p99": round(float(p99), 1)}
 
 
-def summarize(truth: pd.DataFrame) -> dict:
+def summarize(truth) -> dict:
+    """`truth`: a ground-truth DataFrame, or a psbench output directory."""
+    if not isinstance(truth, pd.DataFrame):
+        from workloads.psbench.truth import read_truth
+        truth = read_truth(truth)
     w = truth[(truth["role"] == "worker") & truth["t_completed_ns"].notna()]
     unanswered = int(((truth["role"] == "worker") & truth["t_completed_ns"].isna()).sum())
     out = {"workers": int(w["sender"].nunique()), "servers": int(w["recver"].nunique()),
