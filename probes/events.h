@@ -58,7 +58,7 @@ struct sockcall_event {
 	__u64 enter_ts_ns;   /* bpf_ktime_get_ns() at syscall entry: CLOCK_MONOTONIC */
 	__u64 exit_ts_ns;    /* ... at syscall exit */
 	__u64 sk;            /* struct sock address: the socket's identity while it lives */
-	__u64 sk_cookie;     /* sock_common.skc_cookie; 0 until something asked the kernel for it */
+	__u64 sk_cookie;     /* sock_common.skc_cookie when first seen; 0 if nothing had asked the kernel for one yet */
 	__s64 ret;           /* syscall return: bytes moved, or -errno */
 	__u32 tgid;          /* process */
 	__u32 tid;           /* thread */

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import ipaddress
+import socket
 from pathlib import Path
 
 EVENTS_H = Path(__file__).with_name("events.h")
@@ -35,6 +35,8 @@ class SockCall(enum.IntEnum):
     def is_send(self) -> bool:
         return self in (SockCall.WRITE, SockCall.WRITEV, SockCall.SENDTO, SockCall.SENDMSG)
 
+
+_CALL_VALUES = frozenset(c.value for c in SockCall)
 
 SOCKCALL_F_ISN_EXACT = 0x01
 SOCKCALL_F_ISN_DERIVED = 0x02
@@ -88,6 +90,8 @@ class SockcallEvent(ctypes.Structure):
         ev = cls()
         n = min(len(data), ctypes.sizeof(cls))
         ctypes.memmove(ctypes.addressof(ev), bytes(data[:n]), n)
+        if ev.call not in _CALL_VALUES:
+            raise ValueError(f"sockcall record has unknown call {ev.call}")
         if ev.payload_bytes > SOCKCALL_PAYLOAD_MAX or head + ev.payload_bytes > len(data):
             raise ValueError(f"sockcall record claims {ev.payload_bytes} payload bytes but carries "
                              f"{len(data) - head}")
@@ -115,10 +119,11 @@ class SockcallEvent(ctypes.Structure):
 
     def _addr(self, raw) -> str:
         b = bytes(raw)
+        # inet_ntop: ~10x cheaper than ipaddress, and this runs per event.
         if self.family == AF_INET:
-            return str(ipaddress.IPv4Address(b[:4]))
+            return socket.inet_ntop(socket.AF_INET, b[:4])
         if self.family == AF_INET6:
-            return str(ipaddress.IPv6Address(b))
+            return socket.inet_ntop(socket.AF_INET6, b)
         return b.hex()
 
     @property

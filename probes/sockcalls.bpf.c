@@ -55,10 +55,21 @@ struct sockcall_inflight {
 	u8 call;
 };
 
-struct conn_isn {
+/* What stays the same for the life of a connection, read once and kept per
+ * struct sock: each kernel read costs tens of ns, and an event would
+ * otherwise need a dozen of them. Dropped when the socket closes. */
+struct conn_info {
 	u32 isn_local;
 	u32 isn_remote;
-	u8 flags;
+	u32 netns_ino;
+	u16 family;
+	u16 sport;
+	u16 dport;
+	u8 isn_flags;  /* SOCKCALL_F_ISN_* */
+	u8 has_tuple;  /* the fields below (and netns_ino, ports) are filled */
+	u64 cookie;
+	u8 saddr[16];
+	u8 daddr[16];
 };
 
 /* What the exit program builds the event in; the slack after the event lets
@@ -70,7 +81,7 @@ struct sockcall_scratch {
 };
 
 BPF_HASH(sockcalls_inflight, u64, struct sockcall_inflight, SOCKCALLS_INFLIGHT_MAX);
-BPF_TABLE("lru_hash", u64, struct conn_isn, sockcalls_conns, SOCKCALLS_CONNS_MAX);
+BPF_TABLE("lru_hash", u64, struct conn_info, sockcalls_conns, SOCKCALLS_CONNS_MAX);
 BPF_PERCPU_ARRAY(sockcalls_scratch, struct sockcall_scratch, 1);
 BPF_PERCPU_ARRAY(sockcalls_counters, u64, SOCKCALL_COUNTER_NR);
 BPF_RINGBUF_OUTPUT(sockcalls_events, SOCKCALLS_RING_PAGES);
@@ -91,10 +102,12 @@ static __always_inline int is_send(u8 call)
 
 static __always_inline int sc_enter(void *ctx, u8 call, u64 fd, u64 ptr, u64 len)
 {
-	u64 ts = bpf_ktime_get_ns();
 	u64 id = bpf_get_current_pid_tgid();
 	if (!process_selected(id >> 32))
 		return 0;
+	/* After the process filter (one hash lookup) so that unselected
+	 * processes do not pay for it, before the fd walk. */
+	u64 ts = bpf_ktime_get_ns();
 	if (fd > 0x7fffffff)
 		return 0;
 	u64 sk = fd_to_tcp_sock((u32)fd);
@@ -158,10 +171,10 @@ int sc_conn_state(void *ctx)
 	u64 sk = TP_U64(ctx, TP_ISS_SKADDR);
 	s32 newstate = TP_S32(ctx, TP_ISS_NEWSTATE);
 	if (newstate == TCP_ESTABLISHED_) {
-		struct conn_isn c = {};
+		struct conn_info c = {};
 		c.isn_local = kread_u32(sk + OFF_TCP_SND_UNA) - 1;
 		c.isn_remote = kread_u32(sk + OFF_TCP_RCV_NXT) - 1;
-		c.flags = SOCKCALL_F_ISN_EXACT;
+		c.isn_flags = SOCKCALL_F_ISN_EXACT;
 		sockcalls_conns.update(&sk, &c);
 	} else if (newstate == TCP_CLOSE_) {
 		sockcalls_conns.delete(&sk);
@@ -177,7 +190,7 @@ int sc_conn_state(void *ctx)
  * SYN-ACK at creation. The side: an accepted socket is a clone of its
  * listener and keeps the listener's sk_max_ack_backlog (> 0), a connected one
  * has 0 (a listener with backlog 0 would be misjudged as connecting). */
-static __always_inline int derive_isns(u64 sk, struct conn_isn *c)
+static __always_inline int derive_isns(u64 sk, struct conn_info *c)
 {
 	/* snd_una and bytes_acked move together when an ACK is processed; read
 	 * snd_una on both sides of bytes_acked and give up if it moved. */
@@ -192,26 +205,43 @@ static __always_inline int derive_isns(u64 sk, struct conn_isn *c)
 	int accepted = kread_u32(sk + OFF_SK_MAX_ACK_BACKLOG) > 0;
 	c->isn_local = una - acked - (accepted ? 1 : 0);
 	c->isn_remote = rcv_nxt - received - 1;
-	c->flags = SOCKCALL_F_ISN_DERIVED;
+	c->isn_flags = SOCKCALL_F_ISN_DERIVED;
 	return 0;
 }
 
-static __always_inline void conn_isns(u64 sk, struct sockcall_event *ev)
+static __always_inline void read_tuple(u64 sk, struct conn_info *c)
 {
-	struct conn_isn *known = sockcalls_conns.lookup(&sk);
-	if (known) {
-		ev->isn_local = known->isn_local;
-		ev->isn_remote = known->isn_remote;
-		ev->flags |= known->flags;
-		return;
+	c->cookie = kread_u64(sk + OFF_SKC_COOKIE);
+	c->netns_ino = sock_netns_ino(sk);
+	FILL_TUPLE(c, sk);
+	c->has_tuple = 1;
+}
+
+/* The connection's fixed facts into the event, from the cache when known. */
+static __always_inline void conn_facts(u64 sk, struct sockcall_event *ev)
+{
+	struct conn_info *c = sockcalls_conns.lookup(&sk);
+	struct conn_info fresh = {};
+	if (!c) {
+		read_tuple(sk, &fresh);
+		/* ISNs unreadable this time: report the tuple, cache nothing, try
+		 * again at the next call. */
+		if (derive_isns(sk, &fresh) == 0)
+			sockcalls_conns.update(&sk, &fresh);
+		c = &fresh;
+	} else if (!c->has_tuple) {
+		read_tuple(sk, c); /* entry made at ESTABLISHED: fill it in place */
 	}
-	struct conn_isn c = {};
-	if (derive_isns(sk, &c))
-		return; /* no ISN flag: unknown this time, derived again next call */
-	sockcalls_conns.update(&sk, &c);
-	ev->isn_local = c.isn_local;
-	ev->isn_remote = c.isn_remote;
-	ev->flags |= c.flags;
+	ev->isn_local = c->isn_local;
+	ev->isn_remote = c->isn_remote;
+	ev->flags |= c->isn_flags;
+	ev->netns_ino = c->netns_ino;
+	ev->sk_cookie = c->cookie;
+	ev->family = c->family;
+	ev->sport = c->sport;
+	ev->dport = c->dport;
+	__builtin_memcpy(ev->saddr, c->saddr, 16);
+	__builtin_memcpy(ev->daddr, c->daddr, 16);
 }
 
 /* Copy up to n bytes of user memory to payload[off..]; returns bytes copied. */
@@ -285,11 +315,11 @@ static __always_inline void copy_payload(struct sockcall_scratch *s, struct sock
 
 int sc_exit(void *ctx)
 {
-	u64 ts = bpf_ktime_get_ns();
 	u64 id = bpf_get_current_pid_tgid();
 	struct sockcall_inflight *found = sockcalls_inflight.lookup(&id);
 	if (!found)
 		return 0;
+	u64 ts = bpf_ktime_get_ns();
 	struct sockcall_inflight in = *found;
 	sockcalls_inflight.delete(&id);
 	if (in.syscall_nr != TP_S32(ctx, TP_SYSCALL_NR))
@@ -308,17 +338,14 @@ int sc_exit(void *ctx)
 	ev->enter_ts_ns = in.enter_ts_ns;
 	ev->exit_ts_ns = ts;
 	ev->sk = in.sk;
-	ev->sk_cookie = kread_u64(in.sk + OFF_SKC_COOKIE);
 	ev->ret = ret;
 	ev->tgid = id >> 32;
 	ev->tid = (u32)id;
 	ev->fd = in.fd;
-	ev->netns_ino = sock_netns_ino(in.sk);
 	ev->seq_start = in.seq_start;
 	ev->seq_end = kread_u32(in.sk + (is_send(in.call) ? OFF_TCP_WRITE_SEQ : OFF_TCP_COPIED_SEQ));
 	ev->call = in.call;
-	FILL_TUPLE(ev, in.sk);
-	conn_isns(in.sk, ev);
+	conn_facts(in.sk, ev);
 	bpf_get_current_comm(&ev->comm, sizeof(ev->comm));
 	if (ret > 0)
 		copy_payload(s, &in, (u64)ret);

@@ -92,8 +92,10 @@ def test_decode_ipv6_addr():
 
 
 def test_decode_rejects_inconsistent_records():
-    rec = make_record(b"abcdef")
+    rec = make_record(b"abcdef", call=SockCall.READ)
     with pytest.raises(ValueError, match="claims 6 payload bytes"):
         SockcallEvent.decode(rec[:-2])
     with pytest.raises(ValueError, match="shorter than its header"):
         SockcallEvent.decode(rec[:20])
+    with pytest.raises(ValueError, match="unknown call 0"):
+        SockcallEvent.decode(make_record(b""))
