@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 from agent.errors import UserError
 from workloads.psbench.cli import app
 from workloads.psbench.launch import launch_local
-from workloads.psbench.summary import summarize
 
 IDS = ["app_id", "customer_id", "timestamp", "sender", "recver"]
 KEYS, DIM = 24, 4
