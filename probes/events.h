@@ -66,7 +66,8 @@ struct sockcall_event {
 	__u32 netns_ino;     /* inode number of the socket's network namespace */
 	__u32 seq_start;     /* sends: tcp_sock.write_seq at entry; receives: copied_seq at entry */
 	__u32 seq_end;       /* the same at exit; [seq_start, seq_end) is what this call wrote/read
-	                      * (a receive returning 0 at end of stream consumed the FIN: one more) */
+	                      * (a receive returning 0 at end of stream consumed the FIN: one more;
+	                      * a MSG_PEEK receive returns bytes but consumes none: use the range) */
 	__u32 isn_local;     /* initial sequence number of this end (first data byte = isn_local + 1) */
 	__u32 isn_remote;    /* initial sequence number of the peer */
 	__u8  saddr[16];     /* local address; IPv4 in the first 4 bytes */

@@ -61,24 +61,19 @@ class Filters:
         import ctypes as ct
 
         one = ct.c_uint8(1)
-        if self.tgids:
-            m = bpf[b"filter_tgids"]
-            for t in self.tgids:
-                m[ct.c_uint32(t)] = one
+        for map_name, values, key_type in ((b"filter_tgids", self.tgids, ct.c_uint32),
+                                           (b"filter_ports", self.ports, ct.c_uint16),
+                                           (b"filter_netns", self.netns_inos, ct.c_uint32)):
+            if values:  # the map exists only when its filter is on
+                m = bpf[map_name]
+                for v in values:
+                    m[key_type(v)] = one
         if self.comms:
             m = bpf[b"filter_comms"]
             for c in self.comms:
                 key = m.Key()
                 ct.memmove(ct.addressof(key), c, COMM_BYTES)
                 m[key] = one
-        if self.ports:
-            m = bpf[b"filter_ports"]
-            for p in self.ports:
-                m[ct.c_uint16(p)] = one
-        if self.netns_inos:
-            m = bpf[b"filter_netns"]
-            for n in self.netns_inos:
-                m[ct.c_uint32(n)] = one
 
 
 def _int(value, what: str) -> int:
