@@ -111,6 +111,14 @@ def test_wire_log_matches_a_capture_and_frames_fit_the_mtu(tmp_path):
     assert set(df.src_host) == {"h0", "h1"}
 
 
+def _udp_from_h0(c: Cluster, code: str, frames: int):
+    """Run `code` in h0 with `s` a UDP socket; the wire log once it holds `frames` records."""
+    c.run("h0", [PY, "-c", "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n" + code],
+          check=True)
+    assert _wait_until(lambda: len(c.wire_log()) >= frames)
+    return c.wire_log()
+
+
 @pytest.mark.parametrize("dist, jitter_ms, expected_std_ms",
                          [("uniform", 0.5, 0.5 / 3 ** 0.5), ("normal", 0.2, 0.2)])
 def test_jitter_has_the_distribution_asked_for(dist, jitter_ms, expected_std_ms):
@@ -133,15 +141,10 @@ def test_a_burst_keeps_its_order_within_a_pair():
     with Cluster(2, wire_delay_ms=1.0, jitter_ms=0.5, wait_s=WAIT_S) as c:
         # 400 datagrams 20 us apart: many frames of one pair in flight at once,
         # and jitter (+-0.5 ms) that would reorder them if the wire let it
-        burst = ("import socket,time\n"
-                 "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
-                 "for i in range(400):\n"
-                 "  s.sendto(i.to_bytes(4,'big'),('10.77.0.2',9))\n"
-                 "  t=time.monotonic_ns()+20000\n"
-                 "  while time.monotonic_ns()<t: pass\n")
-        c.run("h0", [PY, "-c", burst], check=True)
-        assert _wait_until(lambda: len(c.wire_log()) >= 400)
-        df = c.wire_log()
+        df = _udp_from_h0(c, "for i in range(400):\n"
+                             "  s.sendto(i.to_bytes(4,'big'),('10.77.0.2',9))\n"
+                             "  t=time.monotonic_ns()+20000\n"
+                             "  while time.monotonic_ns()<t: pass\n", frames=400)
     df = df[(df.src_host == "h0") & (df.dst_host == "h1") & (df.ip_proto == 17)]
     assert len(df) == 400
     by_in = df.sort_values("t_in_mono_ns")
@@ -155,24 +158,27 @@ def test_broadcast_goes_to_every_other_host_and_arp_is_static():
     with Cluster(3, wait_s=WAIT_S) as c:
         neigh = c.run("h0", ["ip", "neigh", "show", "dev", "eth0"], capture_output=True, text=True).stdout
         assert neigh.count("PERMANENT") == 2
-        bcast = ("import socket\n"
-                 "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
-                 "s.setsockopt(socket.SOL_SOCKET,socket.SO_BROADCAST,1)\n"
-                 "s.sendto(b'x',('10.77.0.255',9))\n")
-        c.run("h0", [PY, "-c", bcast], check=True)
-        assert _wait_until(lambda: len(c.wire_log()) >= 2)
-        df = c.wire_log()
+        df = _udp_from_h0(c, "s.setsockopt(socket.SOL_SOCKET,socket.SO_BROADCAST,1)\n"
+                             "s.sendto(b'x',('10.77.0.255',9))\n", frames=2)
     assert sorted(df.dst_host) == ["h1", "h2"] and set(df.src_host) == {"h0"}
     assert df.t_in_mono_ns.nunique() == 1  # one frame in, one copy per port
 
 
 def _leftovers(names: list[str], pids: list[int]) -> list[str]:
-    left = [f"netns {n}" for n in sorted(set(names) & netns.list_netns())]
+    """What of a cluster made of `names` (plus the wire) and `pids` (its forwarder's
+    first) still exists.
+
+    Colleagues share the machine: a cluster that came up meanwhile has another
+    forwarder (or none yet) in the state file and is not a leftover of ours."""
+    current = state.read()
+    theirs = current is not None and (current.get("forwarder") or {}).get("pid") != pids[0]
+    ours = set(names) | ({"pslat-wire"} if not theirs else set())
+    left = [f"netns {n}" for n in sorted(ours & netns.list_netns())]
     left += [f"pid {p}" for p in pids if netns.start_ticks(p) is not None]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     left += [f"link {ln.split(':')[1].strip()}" for ln in links.splitlines() if "02:70:73:" in ln]
-    if state.STATE_FILE.exists():
-        left.append(str(state.STATE_FILE))
+    if current is not None and not theirs:
+        left.append(f"{state.STATE_FILE} (owner {current.get('owner')})")
     return left
 
 
@@ -197,7 +203,7 @@ def test_sigkill_of_the_owner_then_down_leaves_nothing():
     assert all(netns.start_ticks(p) is not None for p in pids)  # it really was left running
     r = subprocess.run([str(PSLAT), "cluster", "down"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert _leftovers(["kill-a", "kill-b", "pslat-wire"], pids) == []
+    assert _leftovers(["kill-a", "kill-b"], pids) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -211,7 +217,7 @@ def test_ctrl_c_or_kill_of_the_owner_tears_down(sig):
     owner.send_signal(sig)
     owner.wait(30)
     assert owner.returncode != 0
-    assert _leftovers(["kill-a", "kill-b", "pslat-wire"], [info["forwarder"], info["sleeper"]]) == []
+    assert _leftovers(["kill-a", "kill-b"], [info["forwarder"], info["sleeper"]]) == []
 
 
 def test_a_foreign_namespace_is_refused_not_deleted():
@@ -228,10 +234,9 @@ def test_a_foreign_namespace_is_refused_not_deleted():
 
 
 def test_cli_up_exec_status_down(tmp_path):
-    if state.read() is not None:
-        pytest.skip("another cluster is up on this machine; the CLI's `up` would refuse")
     up = subprocess.run([str(PSLAT), "cluster", "up", "--hosts", "2", "--wire-delay-ms", "0.5",
-                         "--log-dir", str(tmp_path), "--json"], capture_output=True, text=True)
+                         "--log-dir", str(tmp_path), "--json", "--wait-s", str(WAIT_S)],
+                        capture_output=True, text=True)
     try:
         assert up.returncode == 0, up.stderr
         d = json.loads(up.stdout)
@@ -247,7 +252,7 @@ def test_cli_up_exec_status_down(tmp_path):
     finally:
         down = subprocess.run([str(PSLAT), "cluster", "down"], capture_output=True, text=True)
     assert down.returncode == 0, down.stderr
-    assert _leftovers(["h0", "h1", "pslat-wire"], [d["forwarder_pid"]]) == []
+    assert _leftovers(["h0", "h1"], [d["forwarder_pid"]]) == []
     assert (tmp_path / "wire.bin").exists()  # a log dir the user named is kept
 
 
@@ -263,6 +268,9 @@ def test_bad_input_is_one_line_and_nonzero_and_leaves_nothing(args, words):
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and lines[0].startswith("pslat: error:"), r.stderr
-    # a colleague's cluster may come up meanwhile: it is named in the state file
+    # a colleague's cluster may come and go meanwhile: the state file names its
+    # namespaces before they exist and until they are gone, so read it after
+    # listing, then keep only what still exists
+    new = netns.list_netns() - before
     others = set((state.read() or {}).get("namespaces", []))
-    assert netns.list_netns() - before - others == set()
+    assert (new - others) & netns.list_netns() == set()

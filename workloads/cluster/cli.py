@@ -9,8 +9,6 @@ from typing import List, Optional
 
 import typer
 
-from agent.errors import UserError
-
 app = typer.Typer(
     help="The virtual cluster: hosts as network namespaces joined by a wire with known delays.",
     no_args_is_help=True,
@@ -38,6 +36,9 @@ def up(
                                  rich_help_panel="Output"),
     as_json: bool = typer.Option(False, "--json", help="print the description as JSON",
                                  rich_help_panel="Output"),
+    wait_s: float = typer.Option(0.0, "--wait-s",
+                                 help="if another process's cluster is up, wait this long for it",
+                                 rich_help_panel="Topology"),
 ) -> None:
     """Bring the cluster up and leave it running (the wire runs as a daemon)."""
     from .cluster import Cluster
@@ -45,7 +46,7 @@ def up(
 
     pairs = dict(parse_pair_delay(p) for p in pair_delay or [])
     cluster = Cluster(hosts, wire_delay_ms=wire_delay_ms, jitter_ms=jitter_ms, pair_delay_ms=pairs,
-                      log_dir=log_dir, jitter_dist=jitter_dist)
+                      log_dir=log_dir, jitter_dist=jitter_dist, wait_s=wait_s)
     cluster.up(detach=True)
     d = cluster.describe()
     if as_json:
@@ -103,16 +104,3 @@ def status(as_json: bool = typer.Option(False, "--json", help="print it as JSON"
           f"({d.get('jitter_dist', '-')}); log {d.get('wire_log', '-')}")
     if not s["in_use"]:
         print("leftover of a run that ended without tearing down: `pslat cluster down` removes it")
-
-
-def main() -> None:
-    """`python -m workloads.cluster.cli`: the same commands without the root CLI."""
-    try:
-        app()
-    except UserError as e:
-        print(f"pslat: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
-
-
-if __name__ == "__main__":
-    main()
