@@ -93,3 +93,23 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, words):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]
     assert r.stderr.startswith("pslat: error: ") and words in r.stderr
+
+
+def test_a_missing_forwarder_binary_says_to_run_setup(monkeypatch, tmp_path):
+    from workloads.cluster import forwarder
+
+    monkeypatch.setattr(forwarder, "BINARY", tmp_path / "wirefwd")
+    with pytest.raises(UserError, match="make setup"):
+        forwarder.binary()
+
+
+def test_the_forwarder_config_names_every_port_and_pair(tmp_path):
+    from workloads.cluster import forwarder
+
+    spec = make_spec(["a", "b", "c"], wire_delay_ms=1.5, jitter_ms=0.25, pair_delay_ms={("c", "a"): 7})
+    lines = forwarder.write_config(spec, tmp_path).read_text().splitlines()
+    assert [ln for ln in lines if ln.startswith("port ")] == [
+        "port wp0 02:70:73:00:00:01", "port wp1 02:70:73:00:00:02", "port wp2 02:70:73:00:00:03"]
+    delays = {tuple(ln.split()[1:3]): int(ln.split()[3]) for ln in lines if ln.startswith("delay ")}
+    assert len(delays) == 6 and delays[("2", "0")] == 7_000_000 and delays[("0", "2")] == 1_500_000
+    assert "jitter_ns 250000" in lines and f"log {tmp_path / 'wire.bin'}" in lines

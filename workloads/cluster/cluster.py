@@ -14,9 +14,13 @@ Topology (N hosts, one kernel):
 - The wire is wirefwd (wirefwd.c): it forwards each frame to the destination
   host's port after the one-way delay set for that ordered (source,
   destination) pair, plus optional jitter (uniform in [-J, +J] or normal with
-  standard deviation J), keeping each pair's frames in order (FIFO). Time in is
-  the kernel's receive timestamp, so the forwarder's own latency is part of the
-  delay, not added to it.
+  standard deviation J, clamped at 0), keeping each pair's frames in order
+  (FIFO: a frame never leaves before its predecessor, so jitter adds queueing
+  instead of reordering). Time in is the kernel's receive timestamp
+  (SO_TIMESTAMPNS, realtime) minus real-mono offset (narrowest of a few
+  mono/real/mono readings, refreshed every 100 ms), so the forwarder's own
+  wake-up latency is part of the delay, not added to it. Time out is when the
+  frame is handed to the kernel for sending (just before sendmmsg).
 - Static ARP entries for every other host (so no test needs an ARP warm-up and
   no ARP frame reaches the wire); IPv6 disabled in every namespace (no
   ND/MLD chatter in the ground truth).
