@@ -44,6 +44,8 @@ struct user_iovec {
 #define USER_MSGHDR_IOV_OFF 16
 #define USER_MSGHDR_IOVLEN_OFF 24
 
+#define NO_CALL (-1)
+
 struct sockcall_inflight {
 	u64 enter_ts_ns;
 	u64 sk;
@@ -51,7 +53,8 @@ struct sockcall_inflight {
 	u64 len;    /* buffer length, or iovec count (unused for *msg) */
 	u32 fd;
 	u32 seq_start;
-	s32 syscall_nr; /* the exit must be the same syscall (a stale entry of a killed thread is not) */
+	s32 syscall_nr; /* the call in flight; NO_CALL when none. The exit must be the same
+	                 * syscall (a stale slot of a killed thread is not) */
 	u8 call;
 };
 
@@ -80,7 +83,11 @@ struct sockcall_scratch {
 	u8 slack[SOCKCALL_PAYLOAD_MAX];
 };
 
-BPF_HASH(sockcalls_inflight, u64, struct sockcall_inflight, SOCKCALLS_INFLIGHT_MAX);
+/* One slot per traced thread, reused call after call (filled in place: no
+ * insert and delete per call); LRU so that slots of threads that exited go
+ * away. A thread blocked in a call longer than SOCKCALLS_INFLIGHT_MAX other
+ * threads take to start calls would lose its slot, and that call's event. */
+BPF_TABLE("lru_hash", u64, struct sockcall_inflight, sockcalls_inflight, SOCKCALLS_INFLIGHT_MAX);
 BPF_TABLE("lru_hash", u64, struct conn_info, sockcalls_conns, SOCKCALLS_CONNS_MAX);
 BPF_PERCPU_ARRAY(sockcalls_scratch, struct sockcall_scratch, 1);
 BPF_PERCPU_ARRAY(sockcalls_counters, u64, SOCKCALL_COUNTER_NR);
@@ -122,7 +129,10 @@ static __always_inline int sc_enter(void *ctx, u8 call, u64 fd, u64 ptr, u64 len
 	in.syscall_nr = TP_S32(ctx, TP_SYSCALL_NR);
 	in.call = call;
 	in.seq_start = kread_u32(sk + (is_send(call) ? OFF_TCP_WRITE_SEQ : OFF_TCP_COPIED_SEQ));
-	if (sockcalls_inflight.update(&id, &in))
+	struct sockcall_inflight *slot = sockcalls_inflight.lookup(&id);
+	if (slot)
+		*slot = in;
+	else if (sockcalls_inflight.update(&id, &in))
 		sc_count(SOCKCALL_COUNTER_INFLIGHT_FULL);
 	return 0;
 }
@@ -317,13 +327,11 @@ int sc_exit(void *ctx)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	struct sockcall_inflight *found = sockcalls_inflight.lookup(&id);
-	if (!found)
+	if (!found || found->syscall_nr != TP_S32(ctx, TP_SYSCALL_NR))
 		return 0;
 	u64 ts = bpf_ktime_get_ns();
 	struct sockcall_inflight in = *found;
-	sockcalls_inflight.delete(&id);
-	if (in.syscall_nr != TP_S32(ctx, TP_SYSCALL_NR))
-		return 0;
+	found->syscall_nr = NO_CALL;
 	s64 ret = TP_S64(ctx, TP_EXIT_RET);
 	if (ret == -EAGAIN_) {
 		sc_count(SOCKCALL_COUNTER_EAGAIN);
