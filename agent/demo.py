@@ -27,7 +27,7 @@ def demo(
 
     from workloads.cluster.cluster import Cluster
     from workloads.psbench.launch import launch_in_cluster
-    from workloads.psbench.summary import summarize
+    from workloads.psbench.summary import summarize, summary_table
 
     require_root("pslat demo")
     if wire_delay_ms < 0 or server_delay_ms < 0:
@@ -44,5 +44,5 @@ def demo(
         with launch_in_cluster(cluster, out / "psbench", servers=servers, workers=workers,
                                duration_s=duration, server_delay_ms=server_delay_ms) as job:
             job.wait()
-    console.print(summarize(out / "psbench"))
+    console.print(summary_table(summarize(out / "psbench")))
     console.print(f"output in {out}")

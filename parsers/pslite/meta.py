@@ -46,7 +46,9 @@ _SCHEMA = {
         ("timestamp", 8, _F.TYPE_INT32, _OPT, None),
         ("data_type", 9, _F.TYPE_INT32, _REP, None),  # packed on the wire
         ("customer_id", 10, _F.TYPE_INT32, _OPT, None),
-        ("pull", 11, _F.TYPE_BOOL, _OPT, None),  # absent in older ps-lite (MXNet)
+        ("data_size", 11, _F.TYPE_INT32, _OPT, None),  # total bytes of the data frames
+        ("pull", 12, _F.TYPE_BOOL, _OPT, None),  # newer ps-lite only; absent in MXNet's
+        ("priority", 13, _F.TYPE_INT32, _OPT, None),  # newer ps-lite / BytePS
     ],
 }
 

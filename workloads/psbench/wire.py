@@ -20,36 +20,15 @@ import numpy as np
 from parsers.pslite.meta import DataType, PBMeta
 
 K_EMPTY = 2**31 - 1  # ps-lite Meta::kEmpty / Node::kEmpty
-DATA_SIZE_FIELD = 11  # PBMeta.data_size in ps-lite's meta.proto
 
 KEY_DTYPE = np.dtype("<u8")
 LEN_DTYPE = np.dtype("<i4")
 VALUE_DTYPES = {"float32": (np.dtype("<f4"), DataType.FLOAT), "float64": (np.dtype("<f8"), DataType.DOUBLE)}
 
-_HAS_DATA_SIZE = "data_size" in PBMeta.DESCRIPTOR.fields_by_name
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def pack_meta(meta: PBMeta, data_size: int) -> bytes:
-    """Serialise as ps-lite does, data_size included. parsers.pslite.meta does
-    not declare data_size (yet), so it is appended as raw field 11; being the
-    highest field number ps-lite writes, the bytes match C++ protobuf's
-    field-number order either way."""
-    if _HAS_DATA_SIZE:
-        meta.data_size = data_size
-        return meta.SerializeToString()
-    return meta.SerializeToString() + _varint(DATA_SIZE_FIELD << 3) + _varint(data_size)
+    """Serialise as ps-lite does, data_size included."""
+    meta.data_size = data_size
+    return meta.SerializeToString()
 
 
 def unpack_meta(buf: bytes) -> PBMeta:
