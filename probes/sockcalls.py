@@ -63,7 +63,7 @@ SOCKCALLS = Probe(
         # name: (default, low, high)
         "SOCKCALLS_RING_PAGES": (1024, 1, 1 << 16),  # 4 MiB: ~10k full events
         "SOCKCALLS_INFLIGHT_MAX": (16384, 64, 1 << 20),  # threads inside a traced call at once
-        "SOCKCALLS_CONNS_MAX": (65536, 64, 1 << 22),  # connections whose ISNs are remembered
+        "SOCKCALLS_CONNS_MAX": (16384, 64, 1 << 22),  # connections whose facts are cached (~136 B each)
         "SOCKCALLS_IOV_WALK_MAX": (8, 1, 32),  # iovecs walked for the payload prefix
     },
 )
