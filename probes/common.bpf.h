@@ -2,7 +2,7 @@
  *
  * Kernel structs are never read through the (wrong) installed headers: every
  * OFF_* constant is a byte offset taken from this kernel's BTF by
- * probes/loader.py and passed in with -D, and reads go through
+ * probes/program.py and passed in with -D, and reads go through
  * bpf_probe_read_kernel at `address + OFF_*`. Addresses are kept as u64 so
  * bcc's rewriter leaves them alone.
  *
