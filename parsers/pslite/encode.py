@@ -13,8 +13,26 @@ from typing import Sequence
 
 import numpy as np
 
+from .message import PULL_FIELD_NUMBER
 from .meta import Cmd, DataType, PBMeta
 from .zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE, GREETING_BYTES
+
+DATA_SIZE_FIELD_NUMBER = 11  # ps-lite's PBMeta.data_size: bytes of all data frames
+_FIELDS = PBMeta.DESCRIPTOR.fields_by_name
+# Whether meta.py declares data_size and pull with ps-lite's numbers; if not, they are
+# appended as raw fields (being ps-lite's highest numbers we set, the bytes come out in
+# the same field order as ps-lite's C++ serializer writes them).
+_TAIL_DECLARED = ("data_size" in _FIELDS and _FIELDS["data_size"].number == DATA_SIZE_FIELD_NUMBER
+                  and _FIELDS["pull"].number == PULL_FIELD_NUMBER)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 @dataclass
@@ -23,6 +41,7 @@ class MessageSpec:
     request: bool = True
     push: bool = True
     pull: bool | None = None  # None: leave the field out (older ps-lite, MXNet)
+    data_size: bool = True  # send data_size (field 11), as ps-lite's PackMeta does
     app_id: int = 0
     customer_id: int = 0
     timestamp: int | None = 0
@@ -43,8 +62,6 @@ class MessageSpec:
         m.app_id = self.app_id
         if self.timestamp is not None:
             m.timestamp = self.timestamp
-        if self.pull is not None:
-            m.pull = self.pull
         if self.keys is not None:
             m.data_type.append(DataType.UINT64)
             m.data_type.append(self.val_type)
@@ -57,13 +74,26 @@ class MessageSpec:
         return m
 
     def frames(self) -> list[bytes]:
-        out = [self.meta().SerializeToString()]
+        data = []
         if self.keys is not None:
-            out.append(np.asarray(self.keys, dtype="<u8").tobytes())
-            out.append(bytes(self.vals))
+            data.append(np.asarray(self.keys, dtype="<u8").tobytes())
+            data.append(bytes(self.vals))
             if self.lens is not None:
-                out.append(np.asarray(self.lens, dtype="<i4").tobytes())
-        return out
+                data.append(np.asarray(self.lens, dtype="<i4").tobytes())
+        m = self.meta()
+        size = sum(map(len, data)) if self.data_size else None
+        if _TAIL_DECLARED:
+            if size is not None:
+                m.data_size = size
+            if self.pull is not None:
+                m.pull = self.pull
+            return [m.SerializeToString()] + data
+        tail = b""
+        if size is not None:
+            tail += _varint(DATA_SIZE_FIELD_NUMBER << 3) + _varint(size)
+        if self.pull is not None:
+            tail += _varint(PULL_FIELD_NUMBER << 3) + _varint(int(self.pull))
+        return [m.SerializeToString() + tail] + data
 
 
 def frame_bytes(body: bytes, more: bool = False, command: bool = False) -> bytes:

@@ -24,12 +24,22 @@ KEY_BYTES = 8
 
 def key_hash(keys: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer over a uint64 array (wraps modulo 2**64, a bijection)."""
-    x = keys ^ (keys >> _S30)
+    x = keys >> _S30  # a new array: the operations below work in place on it
+    x ^= keys
     x *= _C1
     x ^= x >> _S27
     x *= _C2
     x ^= x >> _S31
     return x
+
+
+def bottom_k(keys: np.ndarray, k: int) -> tuple[int, ...]:
+    """The k keys of `keys` with the smallest hash, sorted by key (all of them if fewer)."""
+    if len(keys) > k > 0:
+        keys = keys[np.argpartition(key_hash(keys), k - 1)[:k]]
+    elif k <= 0:
+        return ()
+    return tuple(sorted(keys.tolist()))
 
 
 def sample_keys(keys, max_keys: int) -> tuple[int, ...]:

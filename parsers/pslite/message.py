@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from .meta import DATA_TYPE_BYTES, PBMeta, DataType
 
@@ -22,10 +23,14 @@ MAX_DATA_FRAMES = 8
 # Control commands: ps-lite has 0..5; variants (BytePS, P3, PHub) add a few more
 MAX_CONTROL_CMD = 31
 INT32_MAX = 2**31 - 1
-# The element widths of keys, vals and lens when a meta carries no data_type
-# (ps-lite's KVWorker convention: Key is uint64, vals are untyped here, lens int32)
-DEFAULT_DATA_TYPES = (DataType.UINT64, DataType.CHAR, DataType.INT32)
 KEY_TYPES = (DataType.UINT64, DataType.INT64)
+
+# In ps-lite's meta.proto (dmlc master and the forks built on it) field 11 is
+# `data_size` (int32) and `pull` is field 12. meta.py declares pull = 11; until it is
+# fixed, `pull` is read from the unknown field 12 and meta.py's "pull" is ignored.
+PULL_FIELD_NUMBER = 12
+_PULL_DECLARED = PBMeta.DESCRIPTOR.fields_by_name.get("pull")
+_PULL_SCHEMA_OK = _PULL_DECLARED is not None and _PULL_DECLARED.number == PULL_FIELD_NUMBER
 
 
 class Kind(str, enum.Enum):
@@ -120,19 +125,21 @@ def read_meta(body) -> MetaInfo | None:
         m = PBMeta.FromString(body)
     except (DecodeError, ValueError, TypeError):
         return None
-    if not (m.HasField("request") and m.HasField("push")):
+    has = m.HasField
+    if not (has("request") and has("push")):
         return None
     dts = tuple(m.data_type)
-    if len(dts) > MAX_DATA_FRAMES or any(d < 0 or d > MAX_DATA_TYPE for d in dts):
+    if dts and (len(dts) > MAX_DATA_FRAMES or min(dts) < 0 or max(dts) > MAX_DATA_TYPE):
         return None
-    app_id = m.app_id if m.HasField("app_id") else None
-    customer_id = m.customer_id if m.HasField("customer_id") else None
-    timestamp = m.timestamp if m.HasField("timestamp") else None
-    for v in (app_id, customer_id, timestamp):
-        if v is not None and v < 0:
-            return None
+    # ids are int32 >= 0 in ps-lite (kEmpty is INT_MAX); a negative one is not a meta
+    app_id = m.app_id if has("app_id") else None
+    customer_id = m.customer_id if has("customer_id") else None
+    timestamp = m.timestamp if has("timestamp") else None
+    if ((app_id is not None and app_id < 0) or (customer_id is not None and customer_id < 0)
+            or (timestamp is not None and timestamp < 0)):
+        return None
     nodes: tuple[NodeInfo, ...] = ()
-    if m.HasField("control"):
+    if has("control"):
         c = m.control
         if not (0 <= c.cmd <= MAX_CONTROL_CMD):
             return None
@@ -144,8 +151,16 @@ def read_meta(body) -> MetaInfo | None:
                           for n in c.node)
     else:
         kind, cmd = Kind.DATA, 0
-    return MetaInfo(kind, cmd, m.request, m.push, m.pull if m.HasField("pull") else None,
-                    m.simple_app, m.head, app_id, customer_id, timestamp, dts, nodes)
+    return MetaInfo(kind, cmd, m.request, m.push, _pull_of(m), m.simple_app, m.head, app_id, customer_id, timestamp, dts, nodes)
+
+
+def _pull_of(m) -> bool | None:
+    if _PULL_SCHEMA_OK:
+        return m.pull if m.HasField("pull") else None
+    for f in UnknownFieldSet(m):
+        if f.field_number == PULL_FIELD_NUMBER and f.wire_type == 0:
+            return bool(f.data)
+    return None
 
 
 def infer_op(meta: MetaInfo, data_frames: int) -> Op:

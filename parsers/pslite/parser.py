@@ -10,8 +10,9 @@ One joined mid-stream, or one that lost bytes where a frame header was, is
 "hunting": it scans for a frame header followed by a PBMeta that decodes as a
 ps-lite meta (message.read_meta), then follows that candidate *tentatively*: the
 data frames must agree with the meta (count, element widths, keys/vals/lens sizes)
-and the next message's meta must decode too. Only then is the chain confirmed and
-its messages released; if any link fails, the parser goes back to the byte after
+and the next message's meta must decode too (or, for a message with keys and values
+that passed those checks, that is evidence enough; or the stream ends). Only then is
+the chain confirmed and its messages released; if any link fails, the parser goes back to the byte after
 the candidate and scans again (it keeps a bounded replay of what it consumed
 meanwhile). A synced stream that meets a header or meta that makes no sense
 (garbage) falls back to hunting from the byte after that header, so no message
@@ -24,12 +25,14 @@ Nothing raises on bad input.
 """
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass
 
-from .keysample import KEY_BYTES, KeySampler
-from .message import (DEFAULT_DATA_TYPES, KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes,
+import numpy as np
+
+from .hunt import TAIL_BYTES, candidates
+from .keysample import KEY_BYTES, KeySampler, bottom_k
+from .message import (KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes,
                       infer_op, read_meta)
 from .meta import node_id_of_identity
 from .zmtp import (CLEAR_MECHANISMS, FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_RESERVED,
@@ -45,18 +48,6 @@ _U64_BE = struct.Struct(">Q")
 COMMAND_MAX_BYTES = 65536
 # A data frame claiming more than this while a chain is still tentative is not believed.
 TENTATIVE_FRAME_MAX_BYTES = 1 << 34
-# A match is a place where a message (or a greeting) may start: a short frame header
-# (flags 0 or MORE, size >= 4: a meta holding `request` and `push` needs 4 bytes) or a
-# long one (size 256..65535) then the first tag of a PBMeta (fields 1..11; ps-lite
-# sets `head`, field 1, so in practice 0x08); or the greeting's signature + major>=3.
-_PB_FIRST_TAG = rb"[\x08\x12\x1a\x20\x28\x30\x38\x40\x48\x4a\x50\x58]"
-_CANDIDATE = re.compile(
-    rb"[\x00\x01][\x04-\xff]" + _PB_FIRST_TAG
-    + rb"|[\x02\x03]\x00\x00\x00\x00\x00\x00[\x01-\xff][\x00-\xff]" + _PB_FIRST_TAG
-    + rb"|\xff[\x00-\xff]{8}\x7f[\x03-\xff]",
-    re.DOTALL)
-# bytes at the end of a hunting window that may still begin a match (11-byte greeting prefix)
-_HUNT_TAIL_BYTES = 10
 _REJECT, _NEED_MORE, _ACCEPT_FRAME, _ACCEPT_GREETING = range(4)
 
 
@@ -121,7 +112,6 @@ class PsliteStreamParser:
         self._meta: MetaInfo | None = None
         self._meta_bytes = 0
         self._dts: tuple[int, ...] = ()
-        self._dts_declared = False  # data_type came from the meta (not defaulted)
         self._has_keys = False
         self._num_keys = 0
         self._value_bytes = 0
@@ -131,6 +121,8 @@ class PsliteStreamParser:
         # hunting window
         self._hunt = bytearray()
         self._hunt_base = start_offset
+        self._hunt_scanned = 0  # bytes of the window already scanned for candidates
+        self._undecided: list[int] = []  # candidates (window positions) waiting for bytes
         # tentative chain
         self._tentative = False
         self._tent_start = 0
@@ -164,21 +156,36 @@ class PsliteStreamParser:
         return out
 
     def close(self) -> list[PsMessage]:
-        """End of stream. A tentative chain whose last message ended exactly here is
-        accepted (the end of the stream is a boundary as good as a next header); bytes
-        still pending become unparsed."""
+        """End of stream. No more bytes will come to confirm a tentative chain, so the
+        messages it completed (meta and data frames consistent) are accepted as they
+        are. A meta or command frame still being buffered never completes: if garbage
+        claimed a long size, messages may hide in the bytes it took, so they are
+        scanned again. What is left pending becomes unparsed."""
         out = self._out = []
-        if (self._tentative and self._tent_msgs and self._state == _HEADER
-                and self._frame_idx == 0 and not self._hdr):
-            self._confirm()
-        elif self._tentative:
+        while True:
+            if self._tentative and self._tent_msgs:
+                self._confirm()
+            st = self._state
+            if st in (_META, _COMMAND):
+                prefix, prefix_abs = self._frame_hdr + bytes(self._body), self._frame_abs
+            elif st == _HEADER and self._hdr:
+                prefix, prefix_abs = bytes(self._hdr), self.offset - len(self._hdr)
+            else:
+                break
+            self._body.clear()
+            self._hdr.clear()
+            if self._tentative:
+                items = self._rollback(None, 0)
+            else:
+                self._fail(prefix, prefix_abs)
+                items = self._hunt_feed(memoryview(b""), self.offset)
+            if items:
+                self._run(items)
+        if self._tentative:
             self._rollback_counters()
-        if self._state == _HUNT:
-            self._hunt.clear()
         self._unparsed += self.offset - self._acct
-        self._acct = self._hunt_base = self.offset
-        self._reset_message()
-        self._state = _HUNT
+        self._acct = self.offset
+        self._start_hunt(b"", self.offset)
         return out
 
     @property
@@ -244,6 +251,35 @@ class PsliteStreamParser:
                     else:
                         size = mv[pos + 1]
                         hl = 2
+                    if self._frame_idx and not (flags & ~(FLAG_MORE | FLAG_LONG)) and not self._tentative:
+                        # Hot path, inlined: a data frame of a message in a synced stream.
+                        pos += hl
+                        self._more = more = flags & FLAG_MORE
+                        i = self._frame_idx
+                        if i == 1 and self._has_keys:
+                            pos = self._keys_frame(mv, pos, size, base)
+                        else:
+                            if i == 2:
+                                self._value_bytes = size
+                            if size > n - pos:
+                                self._state, self._remaining = _SKIP, size
+                            else:
+                                pos += size
+                                if more:
+                                    self._frame_idx = i + 1
+                                else:
+                                    self._finish_message(base + pos)
+                        continue
+                    if (not self._frame_idx and not (flags & (FLAG_COMMAND | FLAGS_RESERVED))
+                            and 0 < size <= self.meta_max_bytes and size <= n - pos - hl):
+                        # Hot path, inlined: a message's meta frame, all of it in this chunk.
+                        self._frame_hdr = bytes(mv[pos:pos + hl])
+                        self._frame_abs = self._msg_first = base + pos
+                        self._more = flags & FLAG_MORE
+                        pos += hl + size
+                        if self._on_meta(mv[pos - size:pos], base + pos) is False:
+                            return self._rollback(mv, pos)
+                        continue
                     hdr = mv[pos:pos + hl]
                     hdr_abs = base + pos
                     pos += hl
@@ -283,6 +319,10 @@ class PsliteStreamParser:
         self.offset = base + n
         if self._tentative:
             self._record((_DATA, bytes(mv)), n, 0)
+        elif self._state == _HUNT and len(self._hunt) > self._hunt_scanned:
+            # a failure at the very end of mv left bytes to rescan: do it now, not
+            # when (if ever) more bytes come
+            return self._hunt_feed(mv[n:], base + n)
         return None
 
     # ---------------------------------------------------------------- frames
@@ -332,14 +372,7 @@ class PsliteStreamParser:
         if self._tentative and not self._data_frame_plausible(i, size):
             return False
         if i == 1 and self._has_keys:
-            self._num_keys = size // KEY_BYTES
-            if size <= KEY_BYTES * self.key_sample_max:
-                self._state, self._need = _KEYS_SMALL, size
-                if size == 0:
-                    return self._on_body(_KEYS_SMALL, b"", hdr_abs + len(hdr))
-                return None
-            self._sampler = KeySampler(self.key_sample_max)
-            self._state, self._remaining = _KEYS, size
+            self._keys_frame(b"", 0, size, hdr_abs + len(hdr))
             return None
         if i == 2:
             self._value_bytes = size
@@ -348,13 +381,33 @@ class PsliteStreamParser:
             self._frame_done(hdr_abs + len(hdr))
         return None
 
+    def _keys_frame(self, mv, pos: int, size: int, base: int) -> int:
+        """The keys frame's header was read (its body starts at mv[pos], stream offset
+        base + pos). Samples it at once if it is all here and small, else sets up
+        buffering (a few keys) or streaming (many). Returns the new pos."""
+        self._num_keys = n = size // KEY_BYTES
+        if size <= len(mv) - pos:  # all of it is here: sample in one go
+            if n <= self.key_sample_max:
+                self._sample = tuple(sorted(struct.unpack_from("<%dQ" % n, mv, pos))) if n else ()
+            else:
+                self._sample = bottom_k(np.frombuffer(mv, "<u8", n, pos), self.key_sample_max)
+            pos += size
+            self._frame_done(base + pos)
+            return pos
+        if size <= KEY_BYTES * self.key_sample_max:
+            self._state, self._need = _KEYS_SMALL, size
+            return pos
+        self._sampler = KeySampler(self.key_sample_max)
+        self._state, self._remaining = _KEYS, size
+        return pos
+
     def _data_frame_plausible(self, i: int, size: int) -> bool:
         """Strict checks on data frame i (1-based) of a tentative chain: what ps-lite
         sends (one frame per data_type, keys/vals/lens sizes that agree)."""
         dts = self._dts
         if i > len(dts) or size > TENTATIVE_FRAME_MAX_BYTES:
             return False
-        if self._dts_declared and self._more != (i < len(dts)):
+        if bool(self._more) != (i < len(dts)):
             return False
         if size % element_bytes(dts[i - 1]):
             return False
@@ -395,17 +448,13 @@ class PsliteStreamParser:
         more = self._more
         if meta is None:
             return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
-        declared = len(meta.data_types) > 0
-        if more and not declared and (meta.kind is Kind.CONTROL or meta.simple_app):
-            return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
-        if declared and not more:
+        if more != bool(meta.data_types):  # ps-lite sends one data frame per data_type
             return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
         if self._tentative and self._tent_msgs:
             self._confirm()  # the next meta decodes: the chain holds
         self._meta = meta
         self._meta_bytes = len(body)
-        self._dts_declared = declared
-        self._dts = meta.data_types if declared else (DEFAULT_DATA_TYPES if more else ())
+        self._dts = meta.data_types
         self._has_keys = (meta.kind is Kind.DATA and not meta.simple_app and bool(self._dts)
                           and self._dts[0] in KEY_TYPES)
         self._num_keys = self._value_bytes = 0
@@ -446,6 +495,11 @@ class PsliteStreamParser:
         if self._tentative:
             self._pending.append(msg)
             self._tent_msgs += 1
+            if data_frames >= 2:
+                # keys and values that agree with data_type and with each other: random
+                # bytes practically never do that, so the chain holds without waiting
+                # for the next meta (which garbage or a gap may keep from coming)
+                self._confirm()
         else:
             self._out.append(msg)
         self._reset_message()
@@ -492,19 +546,24 @@ class PsliteStreamParser:
             return False
         self._desyncs += 1
         self._unparsed += prefix_abs + 1 - self._acct
+        self._acct = prefix_abs + 1
+        self._start_hunt(prefix[1:], prefix_abs + 1)
+        return None
+
+    def _start_hunt(self, window, window_abs: int) -> None:
+        """Go hunting; `window` (bytes from stream offset `window_abs`) is scanned first."""
         self._reset_message()
         self._state = _HUNT
-        self._hunt = bytearray(prefix[1:])
-        self._hunt_base = self._acct = prefix_abs + 1
-        return None
+        self._hunt = bytearray(window)
+        self._hunt_base = window_abs
+        self._hunt_scanned = 0
+        self._undecided = []
 
     def _lose_sync(self) -> None:
         """Drop whatever is in progress as unparsed (a gap or discard follows)."""
         self._unparsed += self.offset - self._acct
         self._acct = self.offset
-        self._reset_message()
-        self._hunt.clear()
-        self._state = _HUNT
+        self._start_hunt(b"", self.offset)
 
     def _on_gap(self, n: int) -> list | None:
         st = self._state
@@ -547,22 +606,25 @@ class PsliteStreamParser:
     # ---------------------------------------------------------------- hunting
     def _hunt_feed(self, mv, mv_abs: int) -> list | None:
         """Scan for a message start (or a greeting); on one, return the window from it
-        as work to parse (tentatively); else keep only what may still start one."""
+        as work to parse (tentatively); else keep only what may still start one.
+
+        A candidate whose meta is not all here yet stays undecided (kept, judged again
+        with more bytes) but does not stop the scan: a later candidate that is whole
+        and valid wins, since a real meta rarely contains a valid-looking message."""
         buf = self._hunt
         if not buf:
-            self._hunt_base = mv_abs
+            self._start_hunt(b"", mv_abs)
+            buf = self._hunt
         buf += mv
-        pos = 0
-        while True:
-            m = _CANDIDATE.search(buf, pos)
-            if m is None:
-                break
-            j = m.start()
+        # earlier bytes were scanned already, except matches that did not fit in them
+        fresh_from = max(0, self._hunt_scanned - TAIL_BYTES)
+        fresh = [fresh_from + j for j in candidates(memoryview(buf)[fresh_from:])]
+        undecided = []
+        for j in sorted(set(self._undecided).union(fresh)):
             verdict = self._judge(buf, j)
             if verdict == _NEED_MORE:
-                self._drop_hunted(j)
-                return None
-            if verdict != _REJECT:
+                undecided.append(j)
+            elif verdict != _REJECT:
                 self._drop_hunted(j)
                 start = self._hunt_base
                 rest = bytes(buf)
@@ -574,8 +636,12 @@ class PsliteStreamParser:
                 else:
                     self._begin_tentative(start)
                 return [(_DATA, memoryview(rest))]
-            pos = j + 1
-        self._drop_hunted(max(0, len(buf) - _HUNT_TAIL_BYTES))
+        k = max(0, len(buf) - TAIL_BYTES)
+        if undecided:
+            k = min(k, undecided[0])
+        self._drop_hunted(k)
+        self._undecided = [j - k for j in undecided]
+        self._hunt_scanned = len(buf)
         return None
 
     def _drop_hunted(self, k: int) -> None:
@@ -601,9 +667,7 @@ class PsliteStreamParser:
         meta = read_meta(memoryview(buf)[j + hl:j + hl + size])
         if meta is None:
             return _REJECT
-        more = bool(buf[j] & FLAG_MORE)
-        if bool(meta.data_types) != more and (meta.data_types or meta.kind is Kind.CONTROL
-                                              or meta.simple_app):
+        if bool(buf[j] & FLAG_MORE) != bool(meta.data_types):
             return _REJECT
         return _ACCEPT_FRAME
 
@@ -679,8 +743,6 @@ class PsliteStreamParser:
         kind, first = items[0]
         items[0] = (kind, first[1:])
         self._unparsed += 1
-        self.offset = self._acct = self._hunt_base = self._tent_start + 1
-        self._reset_message()
-        self._hunt.clear()
-        self._state = _HUNT
+        self.offset = self._acct = self._tent_start + 1
+        self._start_hunt(b"", self.offset)
         return items
