@@ -46,6 +46,9 @@ _DATA, _GAP, _DISCARD = range(3)
 _U64_BE = struct.Struct(">Q")
 # Commands are small (READY carries a few properties); larger means garbage.
 COMMAND_MAX_BYTES = 65536
+# A keys frame split across chunks is buffered up to this size (512 keys) and sampled
+# once; a larger one is streamed through a KeySampler.
+KEYS_BUFFER_MAX_BYTES = 4096
 # A data frame claiming more than this while a chain is still tentative is not believed.
 TENTATIVE_FRAME_MAX_BYTES = 1 << 34
 _REJECT, _NEED_MORE, _ACCEPT_FRAME, _ACCEPT_GREETING = range(4)
@@ -318,7 +321,7 @@ class PsliteStreamParser:
                 pos = n
         self.offset = base + n
         if self._tentative:
-            self._record((_DATA, bytes(mv)), n, 0)
+            self._record(mv)
         elif self._state == _HUNT and len(self._hunt) > self._hunt_scanned:
             # a failure at the very end of mv left bytes to rescan: do it now, not
             # when (if ever) more bytes come
@@ -387,14 +390,11 @@ class PsliteStreamParser:
         buffering (a few keys) or streaming (many). Returns the new pos."""
         self._num_keys = n = size // KEY_BYTES
         if size <= len(mv) - pos:  # all of it is here: sample in one go
-            if n <= self.key_sample_max:
-                self._sample = tuple(sorted(struct.unpack_from("<%dQ" % n, mv, pos))) if n else ()
-            else:
-                self._sample = bottom_k(np.frombuffer(mv, "<u8", n, pos), self.key_sample_max)
+            self._sample = self._sample_of(mv, pos, n)
             pos += size
             self._frame_done(base + pos)
             return pos
-        if size <= KEY_BYTES * self.key_sample_max:
+        if size <= KEYS_BUFFER_MAX_BYTES:  # cheaper to sample once than to stream
             self._state, self._need = _KEYS_SMALL, size
             return pos
         self._sampler = KeySampler(self.key_sample_max)
@@ -437,11 +437,16 @@ class PsliteStreamParser:
             self._acct = end_abs
             self._state = _HEADER
             return None
-        # _KEYS_SMALL: every key is in the sample
-        n = len(body) // KEY_BYTES
-        self._sample = tuple(sorted(struct.unpack_from("<%dQ" % n, body))) if n else ()
+        # _KEYS_SMALL: a keys frame buffered whole
+        self._sample = self._sample_of(body, 0, len(body) // KEY_BYTES)
         self._frame_done(end_abs)
         return None
+
+    def _sample_of(self, buf, pos: int, n: int) -> tuple[int, ...]:
+        """The sample of n keys at buf[pos:]: all of them if few, else by hash."""
+        if n <= self.key_sample_max:
+            return tuple(sorted(struct.unpack_from("<%dQ" % n, buf, pos))) if n else ()
+        return bottom_k(np.frombuffer(buf, "<u8", n, pos), self.key_sample_max)
 
     def _on_meta(self, body, end_abs: int):
         meta = read_meta(body)
@@ -580,7 +585,7 @@ class PsliteStreamParser:
             self._remaining -= n
             self.offset += n
             if self._tentative:
-                self._record((_GAP, n), 0, n)
+                self._record(None, n)
             if not self._remaining:
                 self._frame_done(self.offset)
             return None
@@ -685,23 +690,25 @@ class PsliteStreamParser:
         self._state = _HEADER
         self._reset_message()
 
-    def _record(self, item, n_data: int, n_gap: int) -> None:
-        """Keep what a tentative chain consumed, up to the cap, for a rollback: the
-        replay is always a contiguous prefix of the chain; the rest is only counted."""
+    def _record(self, data, n_gap: int = 0) -> None:
+        """Keep what a tentative chain consumed (`data`, or `n_gap` lost bytes), up to
+        the cap, for a rollback: the replay is always a contiguous prefix of the chain
+        (copied, as the caller may reuse its buffer); the rest is only counted."""
         over = self._replay_over
+        n_data = len(data) if data is not None else 0
         if over[0] or over[1]:
             over[0] += n_data
             over[1] += n_gap
             return
-        room = self.replay_max_bytes - self._replay_bytes
-        if n_data > room:
-            if room > 0:
-                self._replay.append((_DATA, item[1][:room]))
-                self._replay_bytes += room
-            over[0] += n_data - room
+        if data is None:
+            self._replay.append((_GAP, n_gap))
             return
-        self._replay.append(item)
-        self._replay_bytes += n_data
+        room = self.replay_max_bytes - self._replay_bytes
+        take = min(room, n_data)
+        if take > 0:
+            self._replay.append((_DATA, bytes(data[:take])))
+            self._replay_bytes += take
+        over[0] += n_data - take
 
     def _confirm(self) -> None:
         self._tentative = False

@@ -3,10 +3,11 @@ gaps and truncation, on streams built by parsers.pslite.encode."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsers.pslite.encode import MessageSpec, command_bytes, encode_stream
+from parsers.pslite.encode import MessageSpec, command_bytes, encode_stream, frame_bytes, message_bytes
 from parsers.pslite.meta import Cmd, DataType, Role
 from parsers.pslite.parser import PsliteStreamParser
 
@@ -203,10 +204,11 @@ def test_gap_inside_a_values_frame_loses_nothing(n_vals_kib, data_st):
     assert_accounting(p)
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10**9), st.integers(1, 200))
-def test_gap_inside_a_keys_frame_keeps_the_message_with_a_partial_sample(at_seed, n):
-    keys = list(range(0, 3000, 3))
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**9), st.integers(1, 200), st.sampled_from([100, 1000]))
+def test_gap_inside_a_keys_frame_keeps_the_message_with_a_partial_sample(at_seed, n, n_keys):
+    # 100 keys: the split frame is buffered; 1000: it is streamed through a sampler
+    keys = list(range(0, 3 * n_keys, 3))
     specs = [MessageSpec(push=True, pull=False, timestamp=t, keys=keys, vals=b"\0" * 4000)
              for t in range(2)]
     data, spans = encode_stream(specs)
@@ -252,3 +254,28 @@ def test_mid_stream_start_inside_a_large_frame_of_noise():
     msgs = [m for i in range(cut, len(data), 65536) for m in p.feed(data[i:i + 65536])] + p.close()
     assert spans_of(msgs) == spans[2:]
     assert p.stats().unparsed_bytes == spans[2][0] - cut
+
+
+def _fake_chain_around(inner: bytes) -> bytes:
+    """A message start that passes the first checks (meta, keys frame) whose keys frame
+    holds `inner`, then a values frame whose size no float32 array has: the chain breaks
+    there, after the parser went through `inner`."""
+    meta = MessageSpec(push=True, pull=False, timestamp=77, keys=[1], vals=b"").frames()[0]
+    body = inner + b"\0" * (-len(inner) % 8)
+    return (frame_bytes(meta, more=True) + frame_bytes(body, more=True)
+            + frame_bytes(b"\1\2\3", more=False))
+
+
+@pytest.mark.parametrize("replay_max_bytes,found_inside", [(256 * 1024, True), (64, False)])
+def test_broken_chain_is_rescanned_within_the_replay_cap(replay_max_bytes, found_inside):
+    real = [MessageSpec(push=True, pull=False, timestamp=t, keys=[t, t + 1], vals=b"\0" * 8)
+            for t in range(4)]
+    inner = message_bytes(real[0].frames())
+    after, _ = encode_stream(real[1:], handshake=False)
+    fake = _fake_chain_around(inner)
+    p = PsliteStreamParser(mid_stream=True, replay_max_bytes=replay_max_bytes)
+    msgs = p.feed(fake + after) + p.close()
+    assert [m.timestamp for m in msgs] == ([0] if found_inside else []) + [1, 2, 3]
+    s = p.stats()
+    assert s.unparsed_bytes == len(fake) - (len(inner) if found_inside else 0)
+    assert_accounting(p)
