@@ -41,6 +41,12 @@ def feed_recorded(p: PsliteStreamParser, raw: bytes, sizes: list[int]) -> tuple[
     return msgs, per_recv
 
 
+def parsed_whole(name: str):
+    """The stream's bytes, the messages of one feed of all of them, and a seeded rng."""
+    raw = (DATA / name).read_bytes()
+    return raw, PsliteStreamParser().feed(raw), random.Random(name)
+
+
 def splitmix64_finalizer(x: int) -> int:
     """A scalar reference of the hash keysample.py documents (splitmix64's finalizer)."""
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & M64
@@ -89,9 +95,7 @@ def test_libzmq_batches_several_messages_per_recv(scenario, name, f):
 
 @pytest.mark.parametrize("scenario,name,f", DEALER_STREAMS, ids=ids(DEALER_STREAMS))
 def test_recorded_stream_any_chunking_same_messages(scenario, name, f):
-    raw = (DATA / name).read_bytes()
-    whole = PsliteStreamParser().feed(raw)
-    rng = random.Random(name)
+    raw, whole, rng = parsed_whole(name)
     for _ in range(3):
         p, out, pos = PsliteStreamParser(), [], 0
         while pos < len(raw):
@@ -103,9 +107,7 @@ def test_recorded_stream_any_chunking_same_messages(scenario, name, f):
 
 @pytest.mark.parametrize("scenario,name,f", DEALER_STREAMS, ids=ids(DEALER_STREAMS))
 def test_recorded_stream_joined_mid_stream(scenario, name, f):
-    raw = (DATA / name).read_bytes()
-    whole = PsliteStreamParser().feed(raw)
-    rng = random.Random(name)
+    raw, whole, rng = parsed_whole(name)
     for cut in [1, 50, 111] + rng.sample(range(len(raw)), 12):
         p = PsliteStreamParser(mid_stream=True, start_offset=cut)
         got = p.feed(raw[cut:]) + p.close()
@@ -120,9 +122,7 @@ def test_recorded_stream_joined_mid_stream(scenario, name, f):
 
 @pytest.mark.parametrize("scenario,name,f", DEALER_STREAMS, ids=ids(DEALER_STREAMS))
 def test_recorded_stream_with_gaps(scenario, name, f):
-    raw = (DATA / name).read_bytes()
-    whole = PsliteStreamParser().feed(raw)
-    rng = random.Random(name)
+    raw, whole, rng = parsed_whole(name)
     for _ in range(10):
         at = rng.randrange(200, len(raw) - 2000)
         n = rng.choice([1, 13, 600, 5000])
