@@ -34,8 +34,10 @@ fi
 
 # 2. Kernel headers (bcc compiles against them) --------------------------------
 KREL=$(uname -r)
-if [ ! -e "/lib/modules/$KREL/build/include/linux/kconfig.h" ] && \
-   [ ! -e "/lib/modules/$KREL/build/include/generated/autoconf.h" ]; then
+# bcc needs the generated headers (build/) and the common ones (source/, where
+# include/linux/kconfig.h lives in Debian's split packages).
+if [ ! -e "/lib/modules/$KREL/build/include/generated/autoconf.h" ] || \
+   [ ! -e "/lib/modules/$KREL/source/include/linux/kconfig.h" ]; then
   if apt-cache show "linux-headers-$KREL" >/dev/null 2>&1; then
     say "installing linux-headers-$KREL"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "linux-headers-$KREL" >/dev/null
@@ -51,10 +53,12 @@ if [ ! -e "/lib/modules/$KREL/build/include/linux/kconfig.h" ] && \
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >/dev/null
     }
     hdr=/usr/src/${pkg}
+    common=/usr/src/${pkg%-"$arch"}-common   # Debian splits arch and common headers
     [ -d "$hdr" ] || die "$pkg installed but $hdr is missing"
+    [ -e "$common/include/linux/kconfig.h" ] || common=$hdr
     mkdir -p "/lib/modules/$KREL"
     ln -sfn "$hdr" "/lib/modules/$KREL/build"
-    ln -sfn "$hdr" "/lib/modules/$KREL/source"
+    ln -sfn "$common" "/lib/modules/$KREL/source"
     warn "no headers for kernel $KREL in the distro; linked the nearest, $pkg, under /lib/modules/$KREL/{build,source}. pslat reads kernel structs only through BTF offsets, so mismatched headers are safe for it."
   fi
 fi
