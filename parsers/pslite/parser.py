@@ -517,19 +517,17 @@ class PsliteStreamParser(ResyncMixin):
         take = min(GREETING_BYTES - len(g), len(mv) - pos)
         g += mv[pos:pos + take]
         pos += take
-        if not greeting_prefix_ok(g):
+        greeting = parse_greeting(g) if len(g) == GREETING_BYTES else None
+        if greeting is None and not (len(g) < GREETING_BYTES and greeting_prefix_ok(g)):
+            # Not a greeting (a stream we joined without knowing it): hunt from its
+            # first byte, which may well start a message.
             prefix = bytes(g)
             g.clear()
-            self._fail(prefix, base + pos - len(prefix))
+            self._start_hunt(prefix, base + pos - len(prefix))
             return pos
-        if len(g) < GREETING_BYTES:
-            return pos
-        greeting = parse_greeting(g)
-        prefix = bytes(g)
-        g.clear()
         if greeting is None:
-            self._fail(prefix, base + pos - len(prefix))
             return pos
+        g.clear()
         self.greeting = greeting
         self._hs_bytes += GREETING_BYTES
         self._acct = base + pos

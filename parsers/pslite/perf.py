@@ -2,7 +2,8 @@
 
 Prints MB/s and messages/s for: the recorded libzmq streams of tests/data/pslite
 (small psbench-like requests and responses, fed with the recv() sizes that were
-recorded, messages repeated to make a long stream); large messages (1 MiB of
+recorded, messages repeated to make a long stream); the psbench capture (its
+busiest data stream, repeated); large messages (1 MiB of
 values, 2000 keys) fed in 64 KiB and 8 KiB chunks; and a hunting parser joined
 mid-stream into bytes with no message start (the cost of resync scanning).
 """
@@ -40,15 +41,18 @@ def measure(chunks: list[bytes], seconds: float, **parser_kw) -> tuple[float, fl
     return total * passes / dt / 1e6, msgs / dt, msgs // passes
 
 
+def repeated(raw: bytes, repeat: int) -> bytes:
+    """A recorded DEALER stream with its messages repeated: greeting and READY once."""
+    handshake = 64 + raw[65] + 2  # greeting + the READY command frame (short)
+    return raw[:handshake] + raw[handshake:] * repeat
+
+
 def recorded_chunks(name: str, repeat: int) -> list[bytes]:
-    """A recorded dealer stream with its messages repeated `repeat` times, cut at the
-    recorded recv() sizes (cycled)."""
+    """A stream of tests/data/pslite, repeated, cut at its recorded recv() sizes (cycled)."""
     scenario = name.split(".")[0]
     truth = json.loads(gzip.decompress((DATA / f"{scenario}.json.gz").read_bytes()))
     sizes = truth["streams"][name]["recv_chunk_bytes"]
-    raw = (DATA / name).read_bytes()
-    handshake = 64 + raw[65] + 2  # greeting + the READY command frame (short)
-    stream = raw[:handshake] + raw[handshake:] * repeat
+    stream = repeated((DATA / name).read_bytes(), repeat)
     out, pos = [], 0
     for n in itertools.cycle(sizes):
         if pos >= len(stream):
@@ -56,6 +60,14 @@ def recorded_chunks(name: str, repeat: int) -> list[bytes]:
         out.append(stream[pos:pos + n])
         pos += n
     return out
+
+
+def psbench_stream(repeat: int) -> bytes:
+    """The busiest worker -> server stream of the psbench capture, repeated."""
+    doc = json.loads(gzip.decompress((DATA / "psbench.json.gz").read_bytes()))
+    blob = (DATA / "psbench.streams.bin").read_bytes()
+    st = max(doc["streams"], key=lambda s: s["length"] if s["dport"] != int(doc["nodes"]["1"]["port"]) else 0)
+    return repeated(blob[st["offset"]:st["offset"] + st["length"]], repeat)
 
 
 def cut(b: bytes, n: int) -> list[bytes]:
@@ -78,6 +90,10 @@ def main(argv=None) -> None:
     for name in ("pslite.w2s.dealer.bin", "pslite.s2w.dealer.bin", "mxnet.w2s.dealer.bin"):
         if (DATA / name).exists():
             rows.append((f"recorded {name} (recv sizes)", measure(recorded_chunks(name, 20), a.seconds)))
+    if (DATA / "psbench.streams.bin").exists():
+        ps = psbench_stream(20)
+        rows.append(("psbench capture, 1500 B chunks", measure(cut(ps, 1500), a.seconds)))
+        rows.append(("psbench capture, 64 KiB chunks", measure(cut(ps, 1 << 16), a.seconds)))
     big = large_stream()
     rows.append(("1 MiB messages, 64 KiB chunks", measure(cut(big, 1 << 16), a.seconds)))
     rows.append(("1 MiB messages, 8 KiB chunks", measure(cut(big, 1 << 13), a.seconds)))

@@ -96,3 +96,19 @@ def test_ops_with_and_without_the_pull_field():
                                           "unknown", "none", "none"]
     assert [m.has_pull_field for m in msgs[:5]] == [True, True, True, True, False]
     assert [m.kind.value for m in msgs[-2:]] == ["control", "data"]
+
+
+def test_stream_without_greeting_is_hunted_even_when_said_to_start_at_zero():
+    specs = [MessageSpec(timestamp=t, keys=[t], vals=b"\0" * 4) for t in range(3)]
+    data, spans = encode_stream(specs, handshake=False)
+    p = PsliteStreamParser()  # told this is the connection's first byte, but it is not
+    msgs = p.feed(data) + p.close()
+    assert [m.timestamp for m in msgs] == [0, 1, 2]
+    assert p.greeting is None and p.stats().unparsed_bytes == 0
+
+
+def test_greeting_found_by_a_parser_started_mid_stream():
+    data, spans = encode_stream([MessageSpec(timestamp=1, keys=[1], vals=b"\0" * 4)], identity=b"ps13")
+    p = PsliteStreamParser(mid_stream=True)
+    (m,) = p.feed(b"\x17" * 30 + data)
+    assert m.sender_node_id == 13 and p.stats().unparsed_bytes == 30 and p.stats().resyncs == 1
