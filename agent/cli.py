@@ -32,11 +32,24 @@ _register()
 
 
 def main() -> None:
+    """Every failure a user can cause ends as one line on stderr and exit 2."""
     try:
-        app()
+        rc = app(standalone_mode=False)
     except UserError as e:
         print(f"pslat: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except typer.TyperException as e:  # bad usage: unknown option, invalid value
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        if e.format_message():  # empty when the help was shown for a bare command
+            print(f"pslat: error: {e.format_message()}{hint}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("pslat: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""The CLI: --help on every command; bad usage is one line on stderr and exit 2."""
+import subprocess
+import sys
+
+import pytest
+import typer.main
+
+from agent.cli import app
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def _command_paths(group, prefix=()):
+    for name, cmd in getattr(group, "commands", {}).items():
+        path = (*prefix, name)
+        yield path
+        yield from _command_paths(cmd, path)
+
+
+ALL_COMMANDS = sorted(_command_paths(typer.main.get_command(app)))
+
+
+def test_every_command_is_listed():
+    names = {p[0] for p in ALL_COMMANDS}
+    assert {"demo", "cluster", "psbench"} <= names
+
+
+@pytest.mark.parametrize("path", ALL_COMMANDS, ids=lambda p: " ".join(p))
+def test_help(path):
+    r = _run(*path, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "Usage" in r.stdout
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["demo", "--servers", "0"], "--servers"),
+    (["demo", "--bogus"], "No such option: --bogus"),
+    (["cluster", "up", "--hosts", "0"], "at least 1 host"),
+    (["cluster", "up", "--hosts", "2", "--wire-delay-ms", "-1"], "wire delay"),
+])
+def test_bad_input_is_one_line(args, expect):
+    r = _run(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pslat: error: ") and expect in lines[0], r.stderr
