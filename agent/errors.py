@@ -17,3 +17,14 @@ class UserError(Exception):
 def require_root(what: str) -> None:
     if os.geteuid() != 0:
         raise UserError(f"{what} needs root (namespaces and BPF); run it with sudo")
+
+
+def run_main(prog: str, main, *args):
+    """Runs a program's main; a UserError ends it as one line `prog: error: ...`."""
+    import sys
+
+    try:
+        return main(*args)
+    except UserError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

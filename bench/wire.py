@@ -260,10 +260,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from agent.errors import UserError
+    from agent.errors import run_main
 
-    try:
-        main()
-    except UserError as e:
-        print(f"bench.wire: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+    run_main("bench.wire", main)

@@ -1,7 +1,6 @@
 """`python -m workloads.psbench --role scheduler|server|worker ...`: one process
 of a job, configured like ps-lite (DMLC_* variables; flags override)."""
 import os
-import sys
 
 # Before numpy loads: no BLAS worker threads in a process that does no linear
 # algebra (they would show up beside ps-lite's threads in every trace).
@@ -10,15 +9,11 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import typer  # noqa: E402
 
-from agent.errors import UserError  # noqa: E402
+from agent.errors import run_main  # noqa: E402
 from workloads.psbench.cli import role  # noqa: E402
 
 main = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 main.command()(role)
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"pslat psbench: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+    run_main("pslat psbench", main)
