@@ -1,0 +1,25 @@
+"""`make bench`: every benchmark in bench/, one after the other (never beside
+each other: they would measure each other). Each prints its figures and one
+JSON line last; a failing benchmark does not stop the others, but the exit
+status says it failed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHMARKS = ["bench.wire", "bench.psbench_throughput"]
+
+
+def main() -> int:
+    failed = []
+    for mod in BENCHMARKS:
+        print(f"==> {mod}", flush=True)
+        if subprocess.call([sys.executable, "-m", mod]) != 0:
+            failed.append(mod)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
