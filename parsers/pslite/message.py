@@ -80,7 +80,7 @@ class PsMessage:
     head: int
     app_id: int | None
     customer_id: int | None
-    timestamp: int | None
+    timestamp: int | None  # ps-lite's request number (per customer), not a time; None if unset
     sender_node_id: int | None  # from the READY identity "ps<id>"; None if not seen
     num_keys: int
     key_sample: tuple[int, ...]  # up to N keys chosen by hash (keysample.py), sorted
