@@ -2,7 +2,7 @@
 
 A ps-lite message is frame 0 = the serialized PBMeta, then one frame per entry of
 PBMeta.data_type (KVWorker: keys uint64, vals, and lens int32 when values have
-varying lengths). `message_frames` builds those frames (send them with pyzmq, as
+varying lengths). `MessageSpec.frames()` builds those frames (send them with pyzmq, as
 the recorder in tests/data/pslite does); `encode_stream` frames them as ZMTP 3
 bytes after a greeting and READY, for tests that want bytes without a socket.
 """
@@ -13,26 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .message import PULL_FIELD_NUMBER
 from .meta import Cmd, DataType, PBMeta
 from .zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE, GREETING_BYTES
-
-DATA_SIZE_FIELD_NUMBER = 11  # ps-lite's PBMeta.data_size: bytes of all data frames
-_FIELDS = PBMeta.DESCRIPTOR.fields_by_name
-# Whether meta.py declares data_size and pull with ps-lite's numbers; if not, they are
-# appended as raw fields (being ps-lite's highest numbers we set, the bytes come out in
-# the same field order as ps-lite's C++ serializer writes them).
-_TAIL_DECLARED = ("data_size" in _FIELDS and _FIELDS["data_size"].number == DATA_SIZE_FIELD_NUMBER
-                  and _FIELDS["pull"].number == PULL_FIELD_NUMBER)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 @dataclass
@@ -81,19 +63,11 @@ class MessageSpec:
             if self.lens is not None:
                 data.append(np.asarray(self.lens, dtype="<i4").tobytes())
         m = self.meta()
-        size = sum(map(len, data)) if self.data_size else None
-        if _TAIL_DECLARED:
-            if size is not None:
-                m.data_size = size
-            if self.pull is not None:
-                m.pull = self.pull
-            return [m.SerializeToString()] + data
-        tail = b""
-        if size is not None:
-            tail += _varint(DATA_SIZE_FIELD_NUMBER << 3) + _varint(size)
+        if self.data_size:
+            m.data_size = sum(map(len, data))
         if self.pull is not None:
-            tail += _varint(PULL_FIELD_NUMBER << 3) + _varint(int(self.pull))
-        return [m.SerializeToString() + tail] + data
+            m.pull = self.pull
+        return [m.SerializeToString()] + data
 
 
 def frame_bytes(body: bytes, more: bool = False, command: bool = False) -> bytes:

@@ -12,7 +12,6 @@ import enum
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 from .meta import DATA_TYPE_BYTES, PBMeta, DataType
 
@@ -25,12 +24,6 @@ MAX_CONTROL_CMD = 31
 INT32_MAX = 2**31 - 1
 KEY_TYPES = (DataType.UINT64, DataType.INT64)
 
-# In ps-lite's meta.proto (dmlc master and the forks built on it) field 11 is
-# `data_size` (int32) and `pull` is field 12. meta.py declares pull = 11; until it is
-# fixed, `pull` is read from the unknown field 12 and meta.py's "pull" is ignored.
-PULL_FIELD_NUMBER = 12
-_PULL_DECLARED = PBMeta.DESCRIPTOR.fields_by_name.get("pull")
-_PULL_SCHEMA_OK = _PULL_DECLARED is not None and _PULL_DECLARED.number == PULL_FIELD_NUMBER
 
 
 class Kind(str, enum.Enum):
@@ -151,16 +144,7 @@ def read_meta(body) -> MetaInfo | None:
                           for n in c.node)
     else:
         kind, cmd = Kind.DATA, 0
-    return MetaInfo(kind, cmd, m.request, m.push, _pull_of(m), m.simple_app, m.head, app_id, customer_id, timestamp, dts, nodes)
-
-
-def _pull_of(m) -> bool | None:
-    if _PULL_SCHEMA_OK:
-        return m.pull if m.HasField("pull") else None
-    for f in UnknownFieldSet(m):
-        if f.field_number == PULL_FIELD_NUMBER and f.wire_type == 0:
-            return bool(f.data)
-    return None
+    return MetaInfo(kind, cmd, m.request, m.push, m.pull if has("pull") else None, m.simple_app, m.head, app_id, customer_id, timestamp, dts, nodes)
 
 
 def infer_op(meta: MetaInfo, data_frames: int) -> Op:
