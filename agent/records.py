@@ -46,11 +46,27 @@ RX_STAGE_COLUMNS = {
     RxStage.FRAMEWORK_HANDOVER: "ts_framework_ns",
 }
 
+# op: what a message does. "pushpull": variants that fuse both; "simple": ps-lite
+# SimpleApp data (neither); "unknown": a data response whose op the meta does not
+# tell (older ps-lite, see parsers.pslite.PsMessage).
+OPS = ("push", "pull", "pushpull", "control", "simple", "unknown")
+
+
+def op_name(parser_op: str, control: bool) -> str:
+    """The `op` column from the parser's Op value."""
+    if control:
+        return "control"
+    if parser_op == "none":
+        return "simple"
+    return parser_op
+
+
 _ts = pa.int64()
 MESSAGES_SCHEMA = pa.schema([
     ("host_id", pa.string()),
     ("direction", pa.string()),           # "tx" | "rx"
     ("pid", pa.int32()), ("tid", pa.int32()), ("comm", pa.string()),
+    ("netns_ino", pa.uint32()),           # the network namespace the socket lives in
     # connection: local/remote 4-tuple as seen on this host, and the key that
     # makes a reconnect on a reused port a new connection
     ("local_ip", pa.string()), ("local_port", pa.int32()),
@@ -59,11 +75,13 @@ MESSAGES_SCHEMA = pa.schema([
     ("seq_first", pa.uint32()), ("seq_end", pa.uint32()),  # TCP seq of first byte, one past the last
     # what the message was (ps-lite)
     ("control", pa.bool_()), ("cmd", pa.int32()),
-    ("request", pa.bool_()), ("op", pa.string()),          # "push" | "pull" | "control" | "unknown"
+    ("request", pa.bool_()), ("op", pa.string()),          # one of OPS
     ("app_id", pa.int32()), ("customer_id", pa.int32()), ("timestamp", pa.int32()),
     ("sender", pa.int32()), ("recver", pa.int32()),
     ("num_keys", pa.int64()), ("key_sample", pa.list_(pa.uint64())),
-    ("value_bytes", pa.int64()), ("msg_bytes", pa.int64()),
+    ("key_sample_complete", pa.bool_()),  # False when lost bytes hid part of the keys frame
+    ("value_bytes", pa.int64()), ("msg_bytes", pa.int64()),  # msg_bytes: ZMTP bytes on the wire
+    ("framework_layer", pa.string()),     # whose time ts_framework_ns is: "zmq" | "ps" | null
     # stages (see TxStage / RxStage); rx rows reuse ts_framework_ns for the hand-over
     ("ts_framework_ns", _ts),
     ("ts_send_first_enter_ns", _ts), ("ts_send_last_exit_ns", _ts),

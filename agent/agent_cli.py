@@ -1,0 +1,50 @@
+"""`pslat agent`: trace the selected processes and write one run dir per host."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from agent.errors import UserError
+
+
+def agent(
+    out: Path = typer.Option(..., "--out", help="output dir: one run dir per host inside",
+                             rich_help_panel="Output"),
+    pid: List[int] = typer.Option([], "--pid", help="trace this process (repeat)", rich_help_panel="Filters"),
+    comm: List[str] = typer.Option([], "--comm", help="trace processes of this name (repeat)",
+                                   rich_help_panel="Filters"),
+    netns: List[str] = typer.Option([], "--netns", help="trace sockets in this `ip netns` (repeat)",
+                                    rich_help_panel="Filters"),
+    port: List[int] = typer.Option([], "--port", help="trace TCP connections on this port (repeat)",
+                                   rich_help_panel="Filters"),
+    lib: List[Path] = typer.Option([], "--lib", help="libzmq/libmxnet.so to probe in every selected "
+                                   "process, also ones not started yet (repeat)", rich_help_panel="Filters"),
+    host_id: Optional[str] = typer.Option(None, "--host-id", help="host id (default: the hostname; "
+                                          "a named netns is a host of that name)", rich_help_panel="Output"),
+    duration: Optional[float] = typer.Option(None, "--duration", help="stop after S seconds "
+                                             "[default: at Ctrl-C / SIGTERM]"),
+    record: Optional[Path] = typer.Option(None, "--record", help="also save the raw events to FILE",
+                                          rich_help_panel="Output"),
+    replay: Optional[Path] = typer.Option(None, "--replay", help="decode a --record FILE instead of "
+                                          "tracing (no root needed)"),
+    print_bpf: bool = typer.Option(False, "--print-bpf", help="print the BPF program and exit"),
+) -> None:
+    """Trace every ps-lite message of the selected processes, with its per-stage times."""
+    from agent.daemon import AgentOptions, replay as do_replay, run_live
+
+    if duration is not None and duration <= 0:
+        raise UserError(f"--duration {duration:g}: give a positive number of seconds")
+    if replay is not None:
+        if pid or comm or netns or port or lib or record or print_bpf:
+            raise UserError("--replay decodes what a recording holds; leave out the filters, --record and --print-bpf")
+        pipeline, elapsed = do_replay(replay, out)
+        n = sum(pipeline.events.values())
+        rows = ", ".join(f"{h}: {k} messages" for h, k in sorted(pipeline.rows.items())) or "no messages"
+        typer.echo(f"replayed {n} events in {elapsed:.2f} s ({n / max(elapsed, 1e-9):,.0f} events/s); {rows}; "
+                   f"run dirs in {out}", err=True)
+        return
+    run_live(AgentOptions(out=out, pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
+                          ports=tuple(port), host_id=host_id, duration_s=duration, record=record,
+                          libs=tuple(lib), print_bpf=print_bpf))

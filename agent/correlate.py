@@ -1,0 +1,448 @@
+"""Wire messages + framework records -> rows of the `messages` table (agent/records.py).
+
+Per message (never per packet) this gives the stage timestamps of its host
+(DESIGN.md "The components of one request") and who sent it to whom.
+
+Framework boundary. A framework record (probes.framework.FrameworkMessage) is
+matched to a wire message exactly, by ids, never by order: same process, same
+direction, same (app_id, customer_id, timestamp, request), push flag and
+control command agreeing, the same bytes on the wire (the record's frame sizes
+give the ZMTP bytes exactly), the routing peer agreeing with the wire's sender
+when both are known, and the keys frame's first keys consistent with the
+wire's key sample. A request sliced over several servers gives one group of
+records and one group of wire messages with the same ids; within a group a
+pair is taken only when it is the only possibility for both sides (after the
+group stopped growing), then the zmq socket that sent it is bound to that TCP
+connection, which settles the ambiguous groups of the same socket later.
+Unsettled after HOLD_NS: the row goes out without a framework time, and says why.
+
+Who. The sender of a ps-lite message is the DEALER's identity "ps<id>" (its
+READY on that connection); the receiver is the node owning the ROUTER side:
+the identity the same process uses on its own DEALERs, or the scheduler's
+ADD_NODE table (host:port -> id). An agent that joined mid-stream saw no
+READY; it learns the sender from the framework record's routing id on the
+ROUTER side, and (one agent, several hosts, as in the virtual cluster) shares
+what one end learnt with the other end of the same connection.
+
+Time. Every decision uses event time (the latest event timestamp seen), never
+the wall clock, so a replay of a recording gives the same table as the live run.
+"""
+from __future__ import annotations
+
+import heapq
+import struct
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from agent.decode import WireMessage
+from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage, op_name
+from parsers.pslite.keysample import key_hash
+from parsers.pslite.message import Kind, Op
+from parsers.pslite.meta import node_id_of_identity
+
+SETTLE_NS = 50_000_000       # a group of same-id messages is complete this long after its last member
+HOLD_NS = 2_000_000_000      # a row waits at most this long for its framework record and its ids
+STEP_NS = 10_000_000         # matching runs every STEP_NS of event time
+
+# null reasons (what a reader of null_reasons sees)
+R_NO_FW_PROBE = "no framework probe on this process"
+R_NO_FW_MATCH = "no framework record matched"
+R_FW_AMBIGUOUS = "framework records with the same ids could not be told apart"
+R_NO_FIRST_CALL = "the call that moved the first byte was not seen (joined mid-stream or lost)"
+R_NO_LAST_CALL = "the call that moved the last byte was not seen"
+R_NO_NETSTACK = "netstack probe not loaded"
+R_NOT_TIMED = "the kernel probes gave no time for this message end"
+
+
+def _zmtp_bytes(frame_sizes) -> int:
+    """Bytes on the wire of ZMTP frames of these sizes (short header <= 255 bytes)."""
+    return sum(s + (2 if s <= 255 else 9) for s in frame_sizes)
+
+
+@dataclass(eq=False)
+class Pending:
+    """A wire message waiting for its framework record and ids."""
+    wm: WireMessage
+    tgid: int
+    added_ns: int
+    key: tuple | None
+    fw: dict = field(default_factory=dict)   # layer -> FrameworkMessage
+    fw_reason: str | None = None
+
+
+@dataclass(eq=False)
+class PendingFw:
+    fm: object            # probes.framework.FrameworkMessage
+    added_ns: int
+    key: tuple
+    body_sizes: tuple
+    peer_id: int | None
+    head_keys: tuple
+
+
+class Identities:
+    """Node ids learnt from the traffic (see the module docstring). `version` changes
+    whenever something new is learnt."""
+
+    def __init__(self):
+        self.sender_of: dict[tuple, int] = {}     # (pair_key, sending endpoint) -> node id
+        self.node_of_tgid: dict[int, int] = {}
+        self.node_of_addr: dict[tuple, int] = {}  # ROUTER (ip, port) -> node id (ADD_NODE)
+        self.tgid_of_endpoint: dict[tuple, int] = {}
+        self.version = 0
+
+    def _set(self, table: dict, key, value, overwrite: bool = False) -> None:
+        old = table.get(key)
+        if old is None or (overwrite and old != value):
+            table[key] = value
+            self.version += 1
+
+    def learn_message(self, wm: WireMessage, tgid: int) -> None:
+        conn = wm.conn
+        self._set(self.tgid_of_endpoint, conn.local, tgid)
+        if wm.msg.sender_node_id is not None:
+            # READY seen: authoritative for this connection
+            sending = conn.local if wm.tx else conn.remote
+            self._set(self.sender_of, (conn.pair_key, sending), wm.msg.sender_node_id, overwrite=True)
+            if wm.tx:
+                self._set(self.node_of_tgid, tgid, wm.msg.sender_node_id)
+        for n in wm.msg.nodes:
+            if n.node_id is not None and n.port:
+                self._set(self.node_of_addr, (n.hostname, n.port), n.node_id, overwrite=True)
+
+    def learn_sender(self, wm: WireMessage, node: int) -> None:
+        conn = wm.conn
+        self._set(self.sender_of, (conn.pair_key, conn.local if wm.tx else conn.remote), node)
+
+    def sender(self, wm: WireMessage, tgid: int) -> int | None:
+        if wm.msg.sender_node_id is not None:
+            return wm.msg.sender_node_id
+        conn = wm.conn
+        got = self.sender_of.get((conn.pair_key, conn.local if wm.tx else conn.remote))
+        if wm.tx:
+            if got is None:
+                # our own DEALER whose READY we missed: the process's id from its other DEALERs
+                got = self.node_of_tgid.get(tgid)
+            elif tgid not in self.node_of_tgid:
+                self._set(self.node_of_tgid, tgid, got)
+        return got
+
+    def recver(self, wm: WireMessage, tgid: int) -> int | None:
+        conn = wm.conn
+        owner_end = conn.remote if wm.tx else conn.local
+        got = self.node_of_addr.get(owner_end)
+        if got is None:
+            owner = tgid if not wm.tx else self.tgid_of_endpoint.get(conn.remote)
+            if owner is not None:
+                got = self.node_of_tgid.get(owner)
+        return got
+
+
+class Correlator:
+    """See the module docstring. emit(host netns inode, row dict) receives finished rows."""
+
+    def __init__(self, emit: Callable[[int, dict], None], host_of: Callable[[int], str],
+                 framework_on: bool = True, netstack_on: bool = False, key_sample_max: int = 16):
+        self.emit = emit
+        self.host_of = host_of
+        self.framework_on = framework_on
+        self.netstack_on = netstack_on
+        self.key_sample_max = key_sample_max
+        self.ids = Identities()
+        self.now_ns = 0
+        self._next_step = 0
+        self._wires: dict[tuple, list[Pending]] = defaultdict(list)    # group key -> pending wires
+        self._fws: dict[tuple, list[PendingFw]] = defaultdict(list)    # group key -> pending fw
+        self._group_touched: dict[tuple, int] = {}   # in order of last touch (re-inserted)
+        self._expiry: list[tuple[int, tuple]] = []     # heap of (when, group key)
+        self._unkeyed: list[Pending] = []
+        self._ready: list[Pending] = []
+        self._waiting: list[Pending] = []              # rows waiting for their ids
+        self._ids_seen = -1
+        self._bound: dict[tuple, str] = {}        # (layer, tgid, zmq socket) -> conn_id
+        self.fw_tgids: set[int] = set()            # processes whose framework records we saw
+        self.counters = defaultdict(int)
+
+    # -- input ------------------------------------------------------------------
+    def on_message(self, wm: WireMessage) -> None:
+        call = wm.last_call or wm.first_call
+        tgid = call.tgid if call is not None else min(wm.conn.tgids)
+        self.ids.learn_message(wm, tgid)
+        self._tick(call.exit_ts_ns if call is not None else self.now_ns)
+        m = wm.msg
+        p = Pending(wm, tgid, self.now_ns, None)
+        if m.timestamp is None and m.app_id is None and m.customer_id is None:
+            self._unkeyed.append(p)   # nothing to match a framework record by
+            return
+        p.key = (tgid, wm.tx, m.app_id, m.customer_id, m.timestamp, m.request)
+        self._wires[p.key].append(p)
+        self._touch(p.key)
+
+    def on_framework(self, fm) -> None:
+        self.fw_tgids.add(fm.tgid)
+        self._tick(fm.ret_ts_ns)
+        meta = fm.meta
+        if meta is None or getattr(meta, "truncated", False) and meta.timestamp is None:
+            self.counters["framework_without_ids"] += 1
+            return
+        tx = fm.direction == "send"
+        key = (fm.tgid, tx, meta.app_id, meta.customer_id, meta.timestamp, meta.request)
+        sizes = tuple(fm.frame_sizes)
+        heads = tuple(fm.frame_heads)
+        if fm.peer is not None and sizes:
+            sizes, heads = sizes[1:], heads[1:]
+        peer_id = node_id_of_identity(fm.peer) if fm.peer else None
+        if fm.layer == "ps":
+            peer_id = meta.sender if not tx else meta.recver
+        head_keys: tuple = ()
+        if len(heads) >= 2 and len(heads[1]) >= 8 and sizes and sizes[1] % 8 == 0:
+            n = min(len(heads[1]), sizes[1]) // 8
+            head_keys = struct.unpack_from(f"<{n}Q", heads[1])
+        self._fws[key].append(PendingFw(fm, self.now_ns, key, sizes, peer_id, head_keys))
+        self._touch(key)
+
+    def _touch(self, key: tuple) -> None:
+        touched = self._group_touched
+        touched.pop(key, None)
+        touched[key] = self.now_ns
+
+    def _tick(self, ts_ns: int) -> None:
+        if ts_ns > self.now_ns:
+            self.now_ns = ts_ns
+        if self.now_ns >= self._next_step:
+            self._next_step = self.now_ns + STEP_NS
+            self.step()
+
+    # -- matching ---------------------------------------------------------------
+    def _compatible(self, f: PendingFw, p: Pending) -> bool:
+        m, fm = p.wm.msg, f.fm
+        meta = fm.meta
+        if m.kind is Kind.CONTROL:
+            if meta.control_cmd is not None and meta.control_cmd != m.cmd:
+                return False
+        elif meta.push is not None and (m.op is Op.PUSH or m.op is Op.PUSHPULL) != bool(meta.push):
+            return False
+        if fm.layer == "zmq" and f.body_sizes and _zmtp_bytes(f.body_sizes) != m.total_bytes:
+            return False
+        if f.peer_id is not None:
+            other = self.ids.sender(p.wm, p.tgid) if not p.wm.tx else self.ids.recver(p.wm, p.tgid)
+            if other is not None and other != f.peer_id:
+                return False
+        if f.head_keys and m.num_keys and m.key_sample_complete and m.key_sample:
+            sample = m.key_sample
+            if m.num_keys <= self.key_sample_max:
+                if not set(f.head_keys) <= set(sample):
+                    return False
+            else:
+                # bottom-k by hash: a key of this frame hashing below the sample's
+                # largest hash would be in the sample
+                thr = key_hash(np.array(sample, dtype=np.uint64)).max()
+                hk = np.array(f.head_keys, dtype=np.uint64)
+                below = hk[key_hash(hk) < thr]
+                if not set(below.tolist()) <= set(sample):
+                    return False
+        return True
+
+    def _match_group(self, key: tuple, settled: bool) -> None:
+        ws, fs = self._wires.get(key), self._fws.get(key)
+        if not ws or not fs:
+            return
+        bound_pass = False
+        while ws and fs:
+            compat = {id(f): [p for p in ws if self._compatible(f, p)] for f in fs}
+            if bound_pass:
+                for f in fs:
+                    cid = self._bound.get((f.fm.layer, f.fm.tgid, f.fm.sock))
+                    if cid is not None:
+                        narrowed = [p for p in compat[id(f)] if p.wm.conn.conn_id == cid]
+                        if narrowed:
+                            compat[id(f)] = narrowed
+            rev: dict[int, list[PendingFw]] = defaultdict(list)
+            for f in fs:
+                for p in compat[id(f)]:
+                    rev[id(p)].append(f)
+            pairs = [(f, compat[id(f)][0]) for f in fs
+                     if len(compat[id(f)]) == 1 and len(rev[id(compat[id(f)][0])]) == 1]
+            if not pairs:
+                if settled and not bound_pass:
+                    bound_pass = True
+                    continue
+                break
+            for f, p in pairs:
+                self._pair(f, p)
+                fs.remove(f)
+                ws.remove(p)
+        if not ws:
+            self._wires.pop(key, None)
+        if not fs:
+            self._fws.pop(key, None)
+
+    def _pair(self, f: PendingFw, p: Pending) -> None:
+        fm = f.fm
+        p.fw[fm.layer] = fm
+        self._bound[(fm.layer, fm.tgid, fm.sock)] = p.wm.conn.conn_id
+        if fm.layer == "zmq" and fm.peer is not None and f.peer_id is not None and not p.wm.tx:
+            self.ids.learn_sender(p.wm, f.peer_id)
+        elif fm.layer == "ps" and f.peer_id is not None and not p.wm.tx:
+            self.ids.learn_sender(p.wm, f.peer_id)
+        self.counters["framework_matched"] += 1
+        self._ready.append(p)
+
+    def step(self, final: bool = False) -> None:
+        now = self.now_ns
+        touched = self._group_touched
+        # groups that stopped growing: match them (in order of their last touch)
+        while touched:
+            key = next(iter(touched))
+            if not final and now - touched[key] < SETTLE_NS:
+                break
+            del touched[key]
+            self._settle(key, final)
+        # groups that could not be settled: give up on members older than HOLD_NS
+        exp = self._expiry
+        while exp and (final or exp[0][0] <= now):
+            _, key = heapq.heappop(exp)
+            if key not in touched:   # a group touched again is settled again first
+                self._settle(key, final)
+        if self._unkeyed:
+            self._ready.extend(self._unkeyed)
+            self._unkeyed = []
+        self._emit_ready(final)
+
+    def _settle(self, key: tuple, final: bool) -> None:
+        now = self.now_ns
+        if key in self._wires and key in self._fws:
+            self._match_group(key, True)
+        oldest = None
+        ws = self._wires.get(key)
+        if ws:
+            keep = []
+            for p in ws:
+                if final or now - p.added_ns >= HOLD_NS:
+                    p.fw_reason = R_FW_AMBIGUOUS if self._fws.get(key) else R_NO_FW_MATCH
+                    self._ready.append(p)
+                else:
+                    keep.append(p)
+                    oldest = p.added_ns if oldest is None else min(oldest, p.added_ns)
+            if keep:
+                self._wires[key] = keep
+            else:
+                del self._wires[key]
+        fs = self._fws.get(key)
+        if fs:
+            keep_f = []
+            for f in fs:
+                if final or now - f.added_ns >= HOLD_NS:
+                    self.counters["framework_unmatched"] += 1
+                else:
+                    keep_f.append(f)
+                    oldest = f.added_ns if oldest is None else min(oldest, f.added_ns)
+            if keep_f:
+                self._fws[key] = keep_f
+            else:
+                del self._fws[key]
+        if oldest is not None:
+            heapq.heappush(self._expiry, (oldest + HOLD_NS, key))
+
+    def _emit_ready(self, final: bool) -> None:
+        """Rows out, once their sender and recver are known (or they waited HOLD_NS).
+        Rows still waiting are checked again only when an id was learnt."""
+        waiting = self._waiting
+        if self.ids.version != self._ids_seen or final:
+            self._ids_seen = self.ids.version
+            self._ready = waiting + self._ready
+            waiting = self._waiting = []
+        now = self.now_ns
+        for p in self._ready:
+            sender = self.ids.sender(p.wm, p.tgid)
+            recver = self.ids.recver(p.wm, p.tgid)
+            if (sender is None or recver is None) and not final and now - p.added_ns < HOLD_NS \
+                    and p.wm.msg.kind is not Kind.CONTROL:
+                waiting.append(p)   # ids may still be learnt (mid-stream join)
+            else:
+                self.emit(p.wm.conn.netns_ino, self._row(p, sender, recver))
+        self._ready = []
+        # the oldest may have waited long enough
+        i = 0
+        while i < len(waiting) and now - waiting[i].added_ns >= HOLD_NS:
+            p = waiting[i]
+            self.emit(p.wm.conn.netns_ino, self._row(p, self.ids.sender(p.wm, p.tgid),
+                                                     self.ids.recver(p.wm, p.tgid)))
+            i += 1
+        if i:
+            del waiting[:i]
+
+    def close(self) -> None:
+        self.step(final=True)
+
+    # -- rows -----------------------------------------------------------------------
+    def _row(self, p: Pending, sender, recver) -> dict:
+        wm, m = p.wm, p.wm.msg
+        conn = wm.conn
+        first, last = wm.first_call, wm.last_call
+        reasons: dict[str, str] = {}
+        fw = p.fw.get("ps") or p.fw.get("zmq")
+        if fw is not None:
+            ts_fw = fw.ts_ns
+        else:
+            ts_fw = None
+            if not self.framework_on or p.tgid not in self.fw_tgids:
+                reasons["ts_framework_ns"] = R_NO_FW_PROBE
+            else:
+                reasons["ts_framework_ns"] = p.fw_reason or R_NO_FW_MATCH
+        stages = wm.stages
+        row = {c: None for c in _STAGE_COLS}
+        row["ts_framework_ns"] = ts_fw
+        kernel_reason = R_NOT_TIMED if self.netstack_on else R_NO_NETSTACK
+        if wm.tx:
+            row["ts_send_first_enter_ns"] = first.enter_ts_ns if first else None
+            row["ts_send_last_exit_ns"] = last.exit_ts_ns if last else None
+            if first is None:
+                reasons["ts_send_first_enter_ns"] = R_NO_FIRST_CALL
+            if last is None:
+                reasons["ts_send_last_exit_ns"] = R_NO_LAST_CALL
+            for st in (TxStage.XMIT_LAST, TxStage.TXDONE_LAST):
+                col = TX_STAGE_COLUMNS[st]
+                row[col] = stages.get(col)
+                if row[col] is None:
+                    reasons[col] = stages.get(col + ":null", kernel_reason)
+        else:
+            row["ts_recv_last_exit_ns"] = last.exit_ts_ns if last else None
+            if last is None:
+                reasons["ts_recv_last_exit_ns"] = R_NO_LAST_CALL
+            for st in (RxStage.NIC_RX_LAST, RxStage.NETIF_RX_LAST, RxStage.DATA_READY):
+                col = RX_STAGE_COLUMNS[st]
+                row[col] = stages.get(col)
+                if row[col] is None:
+                    reasons[col] = stages.get(col + ":null", kernel_reason)
+        call = last or first
+        row.update({
+            "host_id": self.host_of(conn.netns_ino),
+            "direction": "tx" if wm.tx else "rx",
+            "pid": p.tgid, "tid": call.tid if call else None, "comm": call.comm if call else None,
+            "netns_ino": conn.netns_ino,
+            "local_ip": conn.local[0], "local_port": conn.local[1],
+            "remote_ip": conn.remote[0], "remote_port": conn.remote[1],
+            "conn_id": conn.conn_id,
+            "seq_first": wm.seq_first, "seq_end": wm.seq_end,
+            "control": m.kind is Kind.CONTROL, "cmd": m.cmd, "request": m.request,
+            "op": op_name(m.op.value, m.kind is Kind.CONTROL),
+            "app_id": m.app_id, "customer_id": m.customer_id, "timestamp": m.timestamp,
+            "sender": sender, "recver": recver,
+            "num_keys": m.num_keys, "key_sample": list(m.key_sample),
+            "key_sample_complete": m.key_sample_complete,
+            "value_bytes": m.value_bytes, "msg_bytes": m.total_bytes,
+            "framework_layer": fw.layer if fw is not None else None,
+            "null_reasons": ";".join(f"{k}={v}" for k, v in reasons.items()),
+        })
+        for col in _SUB_COLS:
+            row[col] = stages.get(col)
+        return row
+
+
+_STAGE_COLS = tuple(dict.fromkeys(list(TX_STAGE_COLUMNS.values()) + list(RX_STAGE_COLUMNS.values())))
+_SUB_COLS = ("runq_wait_ns", "busy_wait_ns", "cwnd_wait_ns", "rwnd_wait_ns", "qdisc_wait_ns",
+             "connect_wait_ns")

@@ -1,0 +1,301 @@
+"""The agent's main loop: raw events -> decode -> correlate -> one run dir per host.
+
+    pipeline = Pipeline(out_dir, host_map, meta)      # the same for live and replay
+    source.sink = pipeline.handle                    # (probe name, raw bytes)
+    ... pipeline.close()
+
+run_live() attaches the probes and traces until SIGINT/SIGTERM or the
+duration; replay() feeds a recording through the same Pipeline without root.
+Lost events (a full ring) are counted per probe in meta.json and printed on
+stderr as they happen.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from agent.correlate import Correlator
+from agent.decode import StreamDecoder, call_of_sockcall
+from agent.errors import UserError
+from agent.hosts import HostMap, clock_discipline, clock_mapping, kernel_info
+from agent.records import MESSAGES_SCHEMA
+from agent.rundir import RunDirWriter
+from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
+
+COUNTERS_INTERVAL_S = 1.0
+SHARD_INTERVAL_S = 2.0
+BTF_PATH = Path("/sys/kernel/btf/vmlinux")
+
+
+class Pipeline:
+    """Raw events of every probe -> rows in DIR/<host id>/ (see the module docstring)."""
+
+    def __init__(self, out: Path, host_map: HostMap, meta: dict, framework_on: bool = True,
+                 netstack_on: bool = False, shard_interval_s: float = SHARD_INTERVAL_S,
+                 hosts: tuple[str, ...] = (), warn: Callable[[str], None] | None = None):
+        from probes.framework import MessageAssembler
+
+        self.out = Path(out)
+        self.host_map = host_map
+        self.meta = meta
+        self.shard_interval_s = shard_interval_s
+        self.warn = warn or (lambda m: print(f"pslat agent: {m}", file=sys.stderr))
+        self.decoder = StreamDecoder()
+        self.assembler = MessageAssembler()
+        self.correlator = Correlator(self._emit, host_map.host_of, framework_on=framework_on,
+                                     netstack_on=netstack_on)
+        self.writers: dict[str, RunDirWriter] = {}
+        self.host_netns: dict[str, set[int]] = {}
+        self.events: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self.rows: dict[str, int] = {}
+        self.probe_counters: dict[str, dict[str, int]] = {}
+        self.cpu_s = 0.0
+        for h in hosts:
+            self._writer(h)
+
+    # -- events -----------------------------------------------------------------
+    def handle(self, probe: str, raw: bytes) -> None:
+        self.events[probe] = self.events.get(probe, 0) + 1
+        try:
+            if probe == "sockcalls":
+                call = call_of_sockcall(raw)
+                if call is not None:
+                    for wm in self.decoder.feed(call):
+                        self.correlator.on_message(wm)
+            elif probe == "framework":
+                from probes.framework import decode_event
+                fm = self.assembler.feed(decode_event(raw))
+                if fm is not None:
+                    self.correlator.on_framework(fm)
+            elif probe == NOTE_PROBE:
+                self._note(raw)
+            # other probes (netstack) have no consumer yet: counted in `events`
+        except Exception:  # one bad event must not stop the agent: count it, say it once
+            n = self.errors.get(probe, 0)
+            self.errors[probe] = n + 1
+            if n == 0:
+                self.warn(f"could not decode a {probe} event (counted in meta.json; first one):\n"
+                          + traceback.format_exc())
+
+    def _note(self, raw: bytes) -> None:
+        import json
+        note = json.loads(raw)
+        if "netns" in note and "host" in note:
+            self.host_map.set(int(note["netns"]), str(note["host"]))
+
+    def _emit(self, netns_ino: int, row: dict) -> None:
+        host = row["host_id"]
+        self._writer(host).append("messages", row)
+        self.host_netns.setdefault(host, set()).add(netns_ino)
+        self.rows[host] = self.rows.get(host, 0) + 1
+
+    def _writer(self, host: str) -> RunDirWriter:
+        w = self.writers.get(host)
+        if w is None:
+            if "/" in host or host in ("", ".", ".."):
+                raise UserError(f"host id {host!r} cannot name a directory; give --host-id")
+            meta = dict(self.meta, host_id=host)
+            w = self.writers[host] = RunDirWriter(self.out / host, meta, self.shard_interval_s)
+            w.set_schema("messages", MESSAGES_SCHEMA)
+        return w
+
+    # -- upkeep -----------------------------------------------------------------
+    def _host_counters(self, host: str) -> dict:
+        per_netns = self.decoder.stats_by_netns()
+        inos = self.host_netns.get(host, set()) | {i for i in per_netns if self.host_map.host_of(i) == host}
+        out: dict = {"probes": self.probe_counters, "events_consumed": dict(self.events),
+                     "events_undecodable": dict(self.errors), "messages": self.rows.get(host, 0)}
+        for ino in inos:
+            for k, v in per_netns.get(ino, {}).items():
+                out[k] = out.get(k, 0) + v
+        out.update({f"correlate_{k}": v for k, v in self.correlator.counters.items()})
+        out["consumer_cpu_s"] = round(self.cpu_s, 3)
+        return out
+
+    def set_probe_counters(self, counters: dict[str, dict[str, int]]) -> None:
+        self.probe_counters = counters
+
+    def maybe_flush(self) -> None:
+        for host, w in self.writers.items():
+            if time.monotonic() - w._last_flush >= w.shard_interval_s:
+                w.meta["counters"].update(self._host_counters(host))
+                w.flush()
+
+    def close(self) -> None:
+        self.correlator.close()
+        for host, w in self.writers.items():
+            w.meta["counters"].update(self._host_counters(host))
+            w.close()
+
+
+# ---------------------------------------------------------------- live
+
+@dataclass
+class AgentOptions:
+    out: Path
+    pids: tuple = ()
+    comms: tuple = ()
+    netns: tuple = ()
+    ports: tuple = ()
+    host_id: str | None = None
+    duration_s: float | None = None
+    record: Path | None = None
+    libs: tuple = ()
+    print_bpf: bool = False
+    overrides: dict = field(default_factory=dict)
+
+
+def check_prerequisites() -> None:
+    """Root, BTF, tracefs: one clear line each."""
+    from agent.errors import require_root
+    from probes import tracefs
+
+    require_root("pslat agent")
+    if not BTF_PATH.exists():
+        raise UserError(f"this kernel has no BTF ({BTF_PATH} is missing); pslat reads kernel struct "
+                        "layouts from it: use a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+    tracefs.tracefs_root()  # UserError naming the mount command when it is missing
+
+
+def _selection(o: AgentOptions) -> Selection:
+    from probes.filters import Filters
+
+    f = Filters.build(pids=o.pids, comms=o.comms, ports=o.ports, netns=o.netns)
+    return Selection(pids=f.tgids, comms=f.comms, netns_inos=f.netns_inos, ports=f.ports,
+                     libs=tuple(Path(p) for p in o.libs))
+
+
+def base_meta(sel: Selection, host_map: HostMap, config: dict) -> dict:
+    return {
+        "agent_version": agent_version(), "kernel": kernel_info(),
+        "clock": clock_mapping(), "clock_discipline": clock_discipline(),
+        "config": config,
+        "selection": {"pids": list(sel.pids), "comms": [c.rstrip(b"\0").decode() for c in sel.comms],
+                      "netns_inos": list(sel.netns_inos), "ports": list(sel.ports),
+                      "libs": [str(p) for p in sel.libs]},
+        "started_realtime_ns": time.time_ns(),
+    }
+
+
+def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """Trace until SIGINT/SIGTERM or the duration; returns {host id: run dir}."""
+    log = log or (lambda m: print(f"pslat agent: {m}", file=sys.stderr, flush=True))
+    sel = _selection(o)
+    if o.print_bpf:
+        src = LiveSource(sel, sink=lambda p, r: None)
+        print(src.generated().render())
+        from probes.framework import SOURCE
+        print(f"/* ==== framework uprobes ({SOURCE.name}): built per traced library with its "
+              f"calibrated zmq_msg_t layout as -D constants ==== */")
+        print(SOURCE.read_text())
+        return {}
+    check_prerequisites()
+    host_map = HostMap(o.host_id)
+    named_hosts = tuple(host_map.host_of(i) for i in sel.netns_inos) or (host_map.default,)
+    recorder: RecordWriter | None = None
+    seen_netns: set[int] = set()
+    pipeline: Pipeline | None = None
+
+    def sink(probe: str, raw: bytes) -> None:
+        if recorder is not None:
+            if probe == "sockcalls" and len(raw) >= _NETNS_END:
+                ino = int.from_bytes(raw[_NETNS_AT:_NETNS_END], "little")
+                if ino not in seen_netns:   # the host of a namespace, before its first event
+                    seen_netns.add(ino)
+                    recorder.note({"netns": ino, "host": host_map.host_of(ino)})
+            recorder.write(probe, raw)
+        pipeline.handle(probe, raw)
+
+    live = LiveSource(sel, sink, warn=log, overrides=o.overrides)
+    stop = {"why": None}
+
+    def on_signal(signum, _frame):
+        stop["why"] = signal.Signals(signum).name
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        live.start()
+        config = live.config()
+        netstack_on = any(p not in ("sockcalls", "framework") for p in config["probes"])
+        meta = base_meta(sel, host_map, config)
+        pipeline = Pipeline(o.out, host_map, meta, framework_on=True, netstack_on=netstack_on,
+                            hosts=named_hosts, warn=log)
+        if o.record:
+            recorder = RecordWriter(o.record, {**meta, "probes": config["probes"],
+                                               "netns_names": {str(k): v for k, v in host_map.names().items()},
+                                               "host_id": host_map.default})
+        log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
+            f"{live.program.compile_s + live.program.attach_s:.1f} s); Ctrl-C to stop")
+        deadline = time.monotonic() + o.duration_s if o.duration_s else None
+        next_counters = time.monotonic() + COUNTERS_INTERVAL_S
+        lost_seen: dict[str, int] = {}
+        while stop["why"] is None:
+            c0 = time.thread_time()
+            live.poll(100)
+            pipeline.cpu_s += time.thread_time() - c0
+            now = time.monotonic()
+            if now >= next_counters:
+                next_counters = now + COUNTERS_INTERVAL_S
+                counters = live.counters()
+                pipeline.set_probe_counters(counters)
+                for probe, c in counters.items():
+                    lost = c.get("lost", 0)
+                    if lost > lost_seen.get(probe, 0):
+                        log(f"{probe}: {lost - lost_seen.get(probe, 0)} events lost (ring buffer full), "
+                            f"{lost} so far")
+                        lost_seen[probe] = lost
+            pipeline.maybe_flush()
+            if deadline is not None and now >= deadline:
+                stop["why"] = "duration"
+        live.drain()
+        pipeline.set_probe_counters(live.counters())
+    finally:
+        live.close()   # detach every probe before anything else can fail
+        for s, h in old.items():
+            signal.signal(s, h)
+        if recorder is not None:
+            recorder.close()
+    pipeline.close()
+    log(f"stopped ({stop['why']}): " + ", ".join(f"{h}: {n} messages" for h, n in sorted(pipeline.rows.items()))
+        if pipeline.rows else f"stopped ({stop['why']}): no messages")
+    return {h: w.path for h, w in pipeline.writers.items()}
+
+
+def _netns_slice() -> tuple[int, int]:
+    from probes.events import SockcallEvent
+    at = SockcallEvent.netns_ino.offset
+    return at, at + 4
+
+
+_NETNS_AT, _NETNS_END = _netns_slice()
+
+
+# ---------------------------------------------------------------- replay
+
+def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S) -> tuple[Pipeline, float]:
+    """A recording through the live decoders; returns the pipeline and the seconds it took."""
+    src = ReplaySource(path)
+    h = src.header
+    names = {int(k): v for k, v in h.get("netns_names", {}).items()}
+    host_map = HostMap(h.get("host_id"), names=names)
+    meta = {k: h[k] for k in ("agent_version", "kernel", "clock", "clock_discipline", "config", "selection")
+            if k in h}
+    meta["replayed_from"] = str(path)
+    probes = h.get("config", {}).get("probes", h.get("probes", []))
+    pipeline = Pipeline(out, host_map, meta, framework_on="framework" in probes,
+                        netstack_on=any(p not in ("sockcalls", "framework", NOTE_PROBE) for p in probes),
+                        shard_interval_s=shard_interval_s)
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    src.run(pipeline.handle)
+    pipeline.correlator.close()
+    pipeline.cpu_s = time.process_time() - c0
+    elapsed = time.perf_counter() - t0
+    pipeline.close()
+    return pipeline, elapsed

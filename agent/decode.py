@@ -1,0 +1,323 @@
+"""Raw send/recv events -> ps-lite messages, per connection and direction.
+
+Each sockcall event becomes a `Call`: who, which connection, when, which TCP
+sequence range, and a *stream view* of what it moved, relative to the call's
+first byte:
+
+    [(rel_offset, bytes)   captured bytes
+     (rel_offset, n: int)  n bytes not captured]
+
+plus `ends`: {rel offset just past a message end: {stage column: ts_ns}} that the
+kernel could time for that end (walker / netstack: data-ready, netif, NIC...).
+Today's sockcalls events carry a 256-byte prefix: one piece, the rest not
+captured. The in-kernel frame walker gives several pieces and skips (bytes
+inside frame bodies) per call: only `view_of_*` changes, not what follows.
+
+Per direction of a connection a PsliteStreamParser is fed the pieces and told
+of the rest through gap() (a gap inside a data frame it walks anyway costs
+nothing; one that hides a header makes it resynchronise). A direction first
+seen mid-stream starts hunting at that offset. Stream offsets count from the
+byte after the SYN: offset = seq - (isn + 1) mod 2**32, unwrapped.
+
+The output is one `WireMessage` per parsed message, with the calls that moved
+its first and last byte (their times are stages of the message).
+"""
+from __future__ import annotations
+
+import bisect
+import socket
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+
+from parsers.pslite import PsliteStreamParser
+from parsers.pslite.message import PsMessage
+from probes.events import (AF_INET, AF_INET6, SOCKCALL_F_ISN_DERIVED, SOCKCALL_F_ISN_EXACT,
+                           SockCall, SockcallEvent)
+
+MASK32 = 0xFFFFFFFF
+# Calls kept per direction to find the call that moved a message's first byte
+# (the parser may release a message late: a tentative chain holds up to 256 KiB).
+CALLS_KEPT_MAX = 4096
+CALLS_KEPT_BYTES = 4 << 20
+
+_SEND_CALLS = frozenset(c.value for c in SockCall if c.is_send)
+# struct sockcall_event up to payload[] (checked against the ctypes mirror below)
+_HEAD = struct.Struct("<QQQQqIIIIIIII16s16sHHHHBB6x16s")
+assert _HEAD.size == SockcallEvent.payload.offset, "decode._HEAD does not match SockcallEvent"
+
+
+@dataclass(slots=True)
+class Call:
+    """One completed send/recv syscall, as the decoder uses it."""
+    tx: bool
+    tgid: int
+    tid: int
+    comm: str
+    netns_ino: int
+    sk: int
+    enter_ts_ns: int
+    exit_ts_ns: int
+    family: int
+    local: tuple[str, int]
+    remote: tuple[str, int]
+    isn_local: int
+    isn_remote: int
+    isn_known: bool
+    seq_start: int
+    seq_bytes: int          # bytes the call moved per TCP sequence numbers
+    view: list              # [(rel, bytes) | (rel, int)]
+    ends: dict              # {rel end: {stage column: ts_ns}}
+    start_offset: int = 0   # stream offset of seq_start (set by the decoder)
+
+
+_addr_cache: dict[bytes, str] = {}
+
+
+def _addr(family: int, raw: bytes) -> str:
+    key = raw if family == AF_INET6 else raw[:4]
+    s = _addr_cache.get(key)
+    if s is None:
+        if family == AF_INET6:
+            s = socket.inet_ntop(socket.AF_INET6, raw)
+        elif family == AF_INET:
+            s = socket.inet_ntop(socket.AF_INET, raw[:4])
+        else:
+            s = raw.hex()
+        if len(_addr_cache) < 65536:
+            _addr_cache[key] = s
+    return s
+
+
+def call_of_sockcall(raw: bytes) -> Call | None:
+    """A sockcalls ring record -> Call (None for a call that moved nothing)."""
+    if len(raw) < _HEAD.size:
+        raise ValueError(f"sockcall record of {len(raw)} bytes is shorter than its header")
+    (enter, exit_, sk, _cookie, ret, tgid, tid, _fd, netns, seq_start, seq_end, isn_l, isn_r,
+     saddr, daddr, family, sport, dport, payload_bytes, call, flags, comm) = _HEAD.unpack_from(raw)
+    if ret <= 0:
+        return None  # errors, and end of stream (a FIN: no data)
+    moved = (seq_end - seq_start) & MASK32
+    if moved == 0:
+        return None  # MSG_PEEK: returned bytes but consumed none
+    payload = raw[_HEAD.size:_HEAD.size + payload_bytes]  # a valid prefix, even after a fault
+    if moved != ret:
+        # the range and the return disagree (another thread on the same socket):
+        # the prefix cannot be placed, so none of it is used
+        view = [(0, moved)]
+    else:
+        view = [(0, payload)] if payload else []
+        if len(payload) < moved:
+            view.append((len(payload), moved - len(payload)))
+    return Call(
+        tx=call in _SEND_CALLS, tgid=tgid, tid=tid, comm=comm.split(b"\0", 1)[0].decode(errors="replace"),
+        netns_ino=netns, sk=sk, enter_ts_ns=enter, exit_ts_ns=exit_, family=family,
+        local=(_addr(family, saddr), sport), remote=(_addr(family, daddr), dport),
+        isn_local=isn_l, isn_remote=isn_r,
+        isn_known=bool(flags & (SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED)),
+        seq_start=seq_start, seq_bytes=moved, view=view, ends={})
+
+
+@dataclass(slots=True)
+class Flow:
+    """One direction of one connection on one host."""
+    tx: bool
+    isn: int                 # the ISN this direction's offsets count from
+    parser: PsliteStreamParser
+    next_offset: int         # stream offset of the next byte expected
+    calls: deque = field(default_factory=deque)   # Call, in stream order
+    starts: list = field(default_factory=list)    # their start offsets (for bisect), kept in step
+    mid_stream: bool = False
+
+
+@dataclass(slots=True)
+class Conn:
+    """One TCP connection as seen on one host."""
+    netns_ino: int
+    sk: int
+    local: tuple[str, int]
+    remote: tuple[str, int]
+    isn_local: int
+    isn_remote: int
+    isn_known: bool
+    conn_id: str
+    pair_key: tuple          # the same on both ends: sorted endpoints
+    tx: Flow | None = None
+    rx: Flow | None = None
+    tgids: set = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class WireMessage:
+    """A ps-lite message parsed from one direction of one connection."""
+    conn: Conn
+    tx: bool
+    msg: PsMessage
+    first_call: Call | None   # None: the call was no longer kept (or the byte was in a gap)
+    last_call: Call | None
+    seq_first: int
+    seq_end: int
+    stages: dict              # stage column -> ts_ns from the kernel's end records
+
+
+def conn_id_of(local, remote, isn_local: int, isn_remote: int, known: bool) -> tuple[str, tuple]:
+    """A connection's id, the same string on both of its ends: endpoints sorted, each
+    with its ISN ('?' when unknown)."""
+    a = (local[0], local[1], isn_local if known else None)
+    b = (remote[0], remote[1], isn_remote if known else None)
+    lo, hi = sorted((a, b), key=lambda e: (e[0], e[1]))
+
+    def fmt(e):
+        host = f"[{e[0]}]" if ":" in e[0] else e[0]
+        return f"{host}:{e[1]}#{'?' if e[2] is None else e[2]}"
+
+    return f"{fmt(lo)}-{fmt(hi)}", ((lo[0], lo[1]), (hi[0], hi[1]))
+
+
+class StreamDecoder:
+    """Calls in, WireMessages out. One per agent: connections of every host."""
+
+    def __init__(self, key_sample_max: int = 16):
+        self.key_sample_max = key_sample_max
+        self.conns: dict[tuple, Conn] = {}
+        self.calls = 0
+        self.gap_bytes = 0
+        self.overlap_bytes = 0
+        self._closed_stats: dict[int, dict[str, int]] = {}
+
+    # -- connections ----------------------------------------------------------
+    def _conn(self, c: Call) -> Conn:
+        key = (c.netns_ino, c.sk, c.local, c.remote)
+        conn = self.conns.get(key)
+        if conn is not None and (not c.isn_known or not conn.isn_known or
+                                 (conn.isn_local == c.isn_local and conn.isn_remote == c.isn_remote)):
+            if c.isn_known and not conn.isn_known:
+                # learnt the ISNs after events without them: keep the flows, fix the id
+                conn.isn_local, conn.isn_remote, conn.isn_known = c.isn_local, c.isn_remote, True
+                conn.conn_id, conn.pair_key = conn_id_of(c.local, c.remote, c.isn_local, c.isn_remote, True)
+            return conn
+        # new connection (or a reused socket/port with new ISNs: a new connection)
+        cid, pair = conn_id_of(c.local, c.remote, c.isn_local, c.isn_remote, c.isn_known)
+        conn = Conn(c.netns_ino, c.sk, c.local, c.remote, c.isn_local, c.isn_remote, c.isn_known, cid, pair)
+        self.conns[key] = conn
+        return conn
+
+    def forget(self, conn: Conn) -> list[WireMessage]:
+        """The connection closed: end its parsers (a tentative chain is accepted)."""
+        out: list[WireMessage] = []
+        for flow in (conn.tx, conn.rx):
+            if flow is not None:
+                out += self._messages(conn, flow, flow.parser.close())
+        self.conns.pop((conn.netns_ino, conn.sk, conn.local, conn.remote), None)
+        _add_flow_stats(self._closed_stats.setdefault(conn.netns_ino, {}), conn)
+        return out
+
+    def _flow(self, conn: Conn, c: Call, offset_isn: int) -> tuple[Flow, int]:
+        flow = conn.tx if c.tx else conn.rx
+        rel = (c.seq_start - offset_isn - 1) & MASK32
+        if flow is None:
+            start = rel  # offsets from ISN+1 (from seq 1 when the ISN is unknown)
+            mid = not (conn.isn_known and rel == 0)
+            flow = Flow(c.tx, offset_isn, PsliteStreamParser(mid_stream=mid, start_offset=start,
+                                                             key_sample_max=self.key_sample_max),
+                        start, mid_stream=mid)
+            if c.tx:
+                conn.tx = flow
+            else:
+                conn.rx = flow
+            return flow, start
+        # unwrap: the offset nearest the expected one with these low 32 bits
+        base = flow.next_offset
+        off = (base & ~MASK32) | rel
+        if off < base - (1 << 31):
+            off += 1 << 32
+        elif off > base + (1 << 31):
+            off -= 1 << 32
+        return flow, off
+
+    # -- calls ----------------------------------------------------------------
+    def feed(self, c: Call) -> list[WireMessage]:
+        self.calls += 1
+        conn = self._conn(c)
+        conn.tgids.add(c.tgid)
+        isn = conn.isn_local if c.tx else conn.isn_remote
+        flow, off = self._flow(conn, c, isn if conn.isn_known else 0)
+        c.start_offset = off
+        parser = flow.parser
+        out: list = []
+        skip = flow.next_offset - off  # bytes of this call already seen (overlap)
+        if skip < 0:
+            self.gap_bytes += -skip
+            out += parser.gap(-skip)
+            skip = 0
+        elif skip > 0:
+            self.overlap_bytes += min(skip, c.seq_bytes)
+        end = off + c.seq_bytes
+        if end > flow.next_offset:
+            self._keep_call(flow, c)
+            for rel, x in c.view:
+                if isinstance(x, int):
+                    n = x - max(0, skip - rel) if rel < skip else x
+                    if n > 0:
+                        out += parser.gap(n)
+                else:
+                    if rel < skip:
+                        x = x[skip - rel:]
+                    if x:
+                        out += parser.feed(x)
+            flow.next_offset = end
+        return self._messages(conn, flow, out) if out else []
+
+    @staticmethod
+    def _keep_call(flow: Flow, c: Call) -> None:
+        calls, starts = flow.calls, flow.starts
+        calls.append(c)
+        starts.append(c.start_offset)
+        if len(calls) > CALLS_KEPT_MAX or (c.start_offset - starts[0] > CALLS_KEPT_BYTES and len(calls) > 64):
+            drop = len(calls) // 4
+            for _ in range(drop):
+                calls.popleft()
+            del starts[:drop]
+
+    @staticmethod
+    def _call_at(flow: Flow, offset: int) -> Call | None:
+        i = bisect.bisect_right(flow.starts, offset) - 1
+        if i < 0:
+            return None
+        c = flow.calls[i]
+        return c if offset < c.start_offset + c.seq_bytes else None
+
+    def _messages(self, conn: Conn, flow: Flow, msgs: list[PsMessage]) -> list[WireMessage]:
+        out = []
+        base = flow.isn + 1
+        for m in msgs:
+            first = self._call_at(flow, m.first_byte_offset)
+            last = self._call_at(flow, m.last_byte_offset)
+            stages = {}
+            if last is not None and last.ends:
+                stages = last.ends.get(m.end_offset - last.start_offset, {})
+            out.append(WireMessage(conn, flow.tx, m, first, last,
+                                   (base + m.first_byte_offset) & MASK32,
+                                   (base + m.end_offset) & MASK32, stages))
+        return out
+
+    def stats_by_netns(self) -> dict[int, dict[str, int]]:
+        """Parser byte counters per network namespace (connections open or closed)."""
+        out: dict[int, dict[str, int]] = {}
+        for ino, c in self._closed_stats.items():
+            out[ino] = dict(c)
+        for conn in self.conns.values():
+            _add_flow_stats(out.setdefault(conn.netns_ino, {}), conn)
+        return out
+
+
+def _add_flow_stats(acc: dict[str, int], conn: Conn) -> None:
+    for flow in (conn.tx, conn.rx):
+        if flow is None:
+            continue
+        s = flow.parser.stats()
+        for k in ("messages", "unparsed_bytes", "lost_bytes", "fed_bytes", "gap_bytes",
+                  "handshake_bytes", "resyncs", "desyncs"):
+            key = "messages_parsed" if k == "messages" else k
+            acc[key] = acc.get(key, 0) + getattr(s, k)
+    acc["connections"] = acc.get("connections", 0) + 1

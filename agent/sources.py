@@ -1,0 +1,419 @@
+"""Where the agent's raw events come from: the live probes, or a recording of them.
+
+Both sources hand the same thing to the same consumer: `sink(probe name, raw
+event bytes)`, in arrival order. Decoding happens downstream (agent.decode), so
+a recording replays through exactly the code a live run uses, without root.
+
+Live: one bcc program with the kernel probes (sockcalls, and netstack once it
+exists), plus the framework-boundary uprobes (probes.framework) on libzmq /
+libmxnet.so. Framework libraries are found in /proc/PID/maps of the selected
+processes, at start and by a rescan every second, so a process that starts
+later is picked up. When processes are selected by --comm/--netns (a set that
+can grow), a library is probed in every process that maps it (one uprobe per
+library, fires from a new process's first call on) and the events of other
+processes are dropped here by tgid; with --pid only, each pid is probed alone.
+
+Recording (--record FILE):
+
+    b"PSLATREC" u32 version | u32 header bytes | header JSON
+    then per event: u8 probe index (into header["probes"]), 3 zero bytes, u32 length, raw bytes
+
+The header carries the agent version, the probes' BTF-derived constants and
+event sizes, the filters and the namespace names, so a replay knows what it
+reads. The pseudo-probe "agent" carries JSON notes written while running
+(e.g. a namespace named after the start), so replay sees what live saw.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+from agent.errors import UserError
+
+Sink = Callable[[str, bytes], None]
+
+RECORD_MAGIC = b"PSLATREC"
+RECORD_VERSION = 1
+_REC_HEAD = struct.Struct("<B3xI")
+NOTE_PROBE = "agent"
+RESCAN_INTERVAL_S = 1.0
+
+
+def agent_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("pslat")
+    except Exception:  # not installed as a package (tests run from the tree)
+        return "0.1.0+tree"
+
+
+# ---------------------------------------------------------------- recordings
+
+class RecordWriter:
+    """Raw events to a file, as they arrive (buffered; flushed on close)."""
+
+    def __init__(self, path: Path, header: dict):
+        self.path = Path(path)
+        self.probes: list[str] = list(header["probes"])
+        if NOTE_PROBE not in self.probes:
+            self.probes.append(NOTE_PROBE)
+        header = dict(header, probes=self.probes, format=RECORD_VERSION)
+        try:
+            self._f: BinaryIO = open(self.path, "wb", buffering=1 << 20)
+        except OSError as e:
+            raise UserError(f"cannot write the recording {self.path} ({e.strerror}); "
+                            "give a writable --record path") from None
+        head = json.dumps(header, sort_keys=True).encode()
+        self._f.write(RECORD_MAGIC + struct.pack("<II", RECORD_VERSION, len(head)) + head)
+        self._index = {p: i for i, p in enumerate(self.probes)}
+        self.events = 0
+
+    def write(self, probe: str, raw: bytes) -> None:
+        self._f.write(_REC_HEAD.pack(self._index[probe], len(raw)))
+        self._f.write(raw)
+        self.events += 1
+
+    def note(self, obj: dict) -> None:
+        self.write(NOTE_PROBE, json.dumps(obj, sort_keys=True).encode())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+def read_recording(path: Path) -> tuple[dict, Iterator[tuple[str, bytes]]]:
+    """(header, iterator of (probe, raw)). A file cut short (agent killed) ends at its
+    last whole event."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise UserError(f"cannot read the recording {path} ({e.strerror}); check the --replay path") from None
+    head = f.read(len(RECORD_MAGIC) + 8)
+    if len(head) < len(RECORD_MAGIC) + 8 or not head.startswith(RECORD_MAGIC):
+        f.close()
+        raise UserError(f"{path} is not a pslat recording (made by `pslat agent --record`)")
+    version, n = struct.unpack_from("<II", head, len(RECORD_MAGIC))
+    if version != RECORD_VERSION:
+        f.close()
+        raise UserError(f"{path} is a recording of format {version}; this agent reads format "
+                        f"{RECORD_VERSION}: replay it with the agent version that made it")
+    try:
+        header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        f.close()
+        raise UserError(f"{path}: the recording's header is corrupt") from None
+    probes = header["probes"]
+
+    def events() -> Iterator[tuple[str, bytes]]:
+        with f:
+            data = f.read()
+        pos, end, size = 0, len(data), _REC_HEAD.size
+        unpack = _REC_HEAD.unpack_from
+        while pos + size <= end:
+            idx, n = unpack(data, pos)
+            pos += size
+            if pos + n > end or idx >= len(probes):
+                break  # cut short
+            yield probes[idx], data[pos:pos + n]
+            pos += n
+
+    return header, events()
+
+
+class ReplaySource:
+    """A recording fed back to a sink."""
+
+    def __init__(self, path: Path):
+        self.header, self._events = read_recording(path)
+
+    def run(self, sink: Sink) -> int:
+        n = 0
+        for probe, raw in self._events:
+            sink(probe, raw)
+            n += 1
+        return n
+
+
+# ---------------------------------------------------------------- process selection
+
+@dataclass
+class Selection:
+    """What the user selected (validated by probes.filters.Filters)."""
+    pids: tuple[int, ...] = ()
+    comms: tuple[bytes, ...] = ()      # 16-byte zero-padded, as Filters keeps them
+    netns_inos: tuple[int, ...] = ()
+    ports: tuple[int, ...] = ()
+    libs: tuple[Path, ...] = ()        # framework libraries to probe in every process
+
+    @property
+    def dynamic(self) -> bool:
+        """Can processes that start later be selected? (everything but a --pid list)"""
+        return bool(self.comms or self.netns_inos or not self.pids)
+
+
+def _proc_comm(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n")
+    except OSError:
+        return None
+
+
+def _proc_netns(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+class ProcessSelector:
+    """Which processes the framework probe reports (the kernel probes filter in BPF;
+    this is the same rule in user space: --pid or --comm, and --netns)."""
+
+    def __init__(self, sel: Selection):
+        self.sel = sel
+        self._comms = {c.rstrip(b"\0") for c in sel.comms}
+        self._cache: dict[int, bool] = {}
+
+    def selected(self, tgid: int) -> bool:
+        got = self._cache.get(tgid)
+        if got is None:
+            got = self._cache[tgid] = self._check(tgid)
+        return got
+
+    def _check(self, tgid: int) -> bool:
+        s = self.sel
+        if s.pids or s.comms:
+            if tgid not in s.pids and _proc_comm(tgid) not in self._comms:
+                return False
+        if s.netns_inos and _proc_netns(tgid) not in s.netns_inos:
+            return False
+        return Path(f"/proc/{tgid}").exists()
+
+    def forget(self, tgid: int) -> None:
+        self._cache.pop(tgid, None)
+
+    def running(self) -> list[int]:
+        """Selected processes running now."""
+        if not self.sel.dynamic:
+            return [p for p in self.sel.pids if self.selected(p)]
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit() and self.selected(int(d)):
+                out.append(int(d))
+        return out
+
+
+# ---------------------------------------------------------------- live
+
+def kernel_probes(netstack: bool = True) -> list:
+    """The kernel-side probes: sockcalls, and netstack where this tree has it."""
+    from probes.sockcalls import SOCKCALLS
+
+    probes = [SOCKCALLS]
+    if not netstack:
+        return probes
+    try:
+        from probes.netstack import NETSTACK  # the netstack engineer's probe, once it exists
+    except ImportError:
+        return probes
+    return probes + [NETSTACK]
+
+
+def _framework_tap_class():
+    """FrameworkProbe that hands raw events on (for recording and for the same
+    decoders as replay) instead of assembling them itself, and can take more
+    libraries after it started."""
+    from probes.framework import FrameworkProbe, FwEvent
+    from probes.zmq_layout import calibrate
+
+    tgid_at = FwEvent.tgid.offset
+
+    class FrameworkTap(FrameworkProbe):
+        def __init__(self, targets, sink: Sink, keep: Callable[[int], bool], **kw):
+            super().__init__(targets, **kw)
+            self._sink = sink
+            self._keep = keep
+            self.dropped_other_process = 0
+
+        def _on_event(self, ctx, data, size) -> None:
+            raw = ctypes.string_at(data, size)
+            if len(raw) >= tgid_at + 4 and not self._keep(int.from_bytes(raw[tgid_at:tgid_at + 4], "little")):
+                self.dropped_other_process += 1
+                return
+            self._sink("framework", raw)
+
+        def add_target(self, t) -> str | None:
+            """Attach one more library; returns why not, or None."""
+            from probes.framework import POINTS
+            if t.layer == "zmq":
+                if self.layout is None:
+                    return "the framework probe was built without a libzmq layout"
+                if not calibrate(t.library).same_offsets(self.layout):
+                    return f"{t.library} lays out zmq_msg_t differently from {self.layout.library}"
+            for p in POINTS[t.layer]:
+                self._attach(t, p)
+            self.targets.append(t)
+            return None
+
+    return FrameworkTap
+
+
+@dataclass
+class LiveSource:
+    """The probes, attached. poll() delivers raw events to the sink."""
+    sel: Selection
+    sink: Sink
+    warn: Callable[[str], None] = field(default=lambda msg: print(f"pslat agent: {msg}", file=sys.stderr))
+    overrides: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.program = None
+        self.framework = None
+        self.selector = ProcessSelector(self.sel)
+        self._probed: set[tuple] = set()      # (library, layer, pid or None)
+        self._known_tgids: set[int] = set()
+        self._next_scan = 0.0
+        self.framework_compile_s: float | None = None
+        self.netstack_error: str | None = None
+
+    # -- set-up -----------------------------------------------------------
+    def generated(self, netstack: bool = True):
+        from probes.filters import Filters
+        from probes.program import generate
+
+        flt = Filters(tgids=self.sel.pids, comms=self.sel.comms, ports=self.sel.ports,
+                      netns_inos=self.sel.netns_inos)
+        return generate(kernel_probes(netstack), flt, overrides=self.overrides)
+
+    def _load_kernel_probes(self):
+        from probes.loader import ProbeProgram
+
+        gen = self.generated()
+        try:
+            return ProbeProgram(gen).load()
+        except UserError:
+            raise
+        except Exception as e:
+            if len(gen.probes) == 1:
+                raise
+            # the network-stack probe is new: trace the calls rather than nothing, and say so
+            self.warn(f"the netstack probe did not load ({e}); tracing without it: kernel "
+                      "stage times will be null")
+            self.netstack_error = str(e)
+            return ProbeProgram(self.generated(netstack=False)).load()
+
+    def start(self) -> "LiveSource":
+        self.program = self._load_kernel_probes()
+        gen = self.program.generated
+        try:
+            for probe in gen.probes:
+                name = probe.name
+
+                def callback(_ctx, data, size, name=name):
+                    self.sink(name, ctypes.string_at(data, size))
+                    return 0
+
+                self.program.bpf[probe.ring.encode()].open_ring_buffer(callback)
+            for lib in self.sel.libs:
+                self._probe_library(Path(lib), None)
+            self.rescan(force=True)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def config(self) -> dict:
+        """What a recording's header and meta.json say about the probes."""
+        gen = self.program.generated if self.program else self.generated()
+        out = {"probes": [p.name for p in gen.probes] + ["framework"],
+               "constants": dict(gen.constants),
+               "event_bytes": {p.name: ctypes.sizeof(p.event) for p in gen.probes}}
+        if self.netstack_error:
+            out["netstack_error"] = self.netstack_error
+        if self.framework is not None:
+            out["framework_defines"] = dict(self.framework._defines)
+            out["framework_targets"] = [[str(t.library), t.layer, t.pid] for t in self.framework.targets]
+        return out
+
+    # -- framework libraries ----------------------------------------------
+    def rescan(self, force: bool = False) -> None:
+        """Find framework libraries in selected processes (new ones only)."""
+        now = time.monotonic()
+        if not force and now < self._next_scan:
+            return
+        self._next_scan = now + RESCAN_INTERVAL_S
+        from probes.framework import targets_of_pid
+
+        for tgid in self.selector.running():
+            if tgid in self._known_tgids:
+                continue
+            self._known_tgids.add(tgid)
+            try:
+                targets = targets_of_pid(tgid)
+            except UserError:
+                continue  # it exited meanwhile
+            for t in targets:
+                self._probe_library(t.library, tgid if not self.sel.dynamic else None, t.layer)
+
+    def _probe_library(self, library: Path, pid: int | None, layer: str | None = None) -> None:
+        from probes.framework import Target, _LIB_PATTERNS
+
+        if layer is None:
+            layer = next((ly for ly, pat in _LIB_PATTERNS.items() if pat.match(library.name)), None)
+            if layer is None:
+                raise UserError(f"--lib {library}: not a libzmq or libmxnet.so; give the path "
+                                "of the framework library the job loads")
+            if not library.is_file():
+                raise UserError(f"--lib {library}: no such file")
+        key = (os.path.realpath(library), layer, pid)
+        if key in self._probed:
+            return
+        self._probed.add(key)
+        target = Target(library, layer, pid)
+        if self.framework is None:
+            t0 = time.perf_counter()
+            self.framework = _framework_tap_class()([target], self.sink, self.selector.selected)
+            self.framework.start()
+            self.framework_compile_s = time.perf_counter() - t0
+            return
+        why = self.framework.add_target(target)
+        if why:
+            self.warn(f"framework boundary not traced in {library}: {why}")
+
+    # -- running ------------------------------------------------------------
+    def poll(self, timeout_ms: int = 100) -> None:
+        self.program.poll(timeout_ms)
+        if self.framework is not None:
+            self.framework.drain()
+        self.rescan()
+
+    def drain(self) -> None:
+        self.program.consume()
+        if self.framework is not None:
+            self.framework.drain()
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        out = self.program.counters() if self.program else {}
+        if self.framework is not None:
+            from probes.framework import COUNTERS
+            got = self.framework.counters()
+            out["framework"] = {k: got[k] for k in COUNTERS}
+            out["framework"]["other_process"] = self.framework.dropped_other_process
+        return out
+
+    def close(self) -> None:
+        if self.framework is not None:
+            self.framework.close()
+            self.framework = None
+        if self.program is not None:
+            self.program.close()
+            self.program = None
