@@ -250,6 +250,12 @@ class Correlator:
         ws, fs = self._wires.get(key), self._fws.get(key)
         if not ws or not fs:
             return
+        if len(ws) == 1 and len(fs) == 1:
+            # the common case: one message with these ids and one record
+            if self._compatible(fs[0], ws[0]):
+                self._pair(fs.pop(), ws.pop())
+                del self._wires[key], self._fws[key]
+            return
         bound_pass = False
         while ws and fs:
             compat = {id(f): [p for p in ws if self._compatible(f, p)] for f in fs}

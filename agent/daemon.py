@@ -11,6 +11,7 @@ stderr as they happen.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from agent.correlate import Correlator
-from agent.decode import StreamDecoder, call_of_sockcall
+from agent.decode import FrameworkDecoder, StreamDecoder, call_of_sockcall
 from agent.errors import UserError
 from agent.hosts import HostMap, clock_discipline, clock_mapping, kernel_info
 from agent.records import MESSAGES_SCHEMA
@@ -28,6 +29,10 @@ from agent.rundir import RunDirWriter
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
 
 COUNTERS_INTERVAL_S = 1.0
+# The consumer must keep up with the job it shares cores with: it runs at a
+# higher priority than the job (nice -10), as tracers do, so that a busy job
+# slows down a little instead of the agent losing events.
+AGENT_NICE = -10
 SHARD_INTERVAL_S = 2.0
 BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 
@@ -38,15 +43,13 @@ class Pipeline:
     def __init__(self, out: Path, host_map: HostMap, meta: dict, framework_on: bool = True,
                  netstack_on: bool = False, shard_interval_s: float = SHARD_INTERVAL_S,
                  hosts: tuple[str, ...] = (), warn: Callable[[str], None] | None = None):
-        from probes.framework import MessageAssembler
-
         self.out = Path(out)
         self.host_map = host_map
         self.meta = meta
         self.shard_interval_s = shard_interval_s
         self.warn = warn or (lambda m: print(f"pslat agent: {m}", file=sys.stderr))
         self.decoder = StreamDecoder()
-        self.assembler = MessageAssembler()
+        self.framework = FrameworkDecoder()
         self.correlator = Correlator(self._emit, host_map.host_of, framework_on=framework_on,
                                      netstack_on=netstack_on)
         self.writers: dict[str, RunDirWriter] = {}
@@ -69,8 +72,7 @@ class Pipeline:
                     for wm in self.decoder.feed(call):
                         self.correlator.on_message(wm)
             elif probe == "framework":
-                from probes.framework import decode_event
-                fm = self.assembler.feed(decode_event(raw))
+                fm = self.framework.feed(raw)
                 if fm is not None:
                     self.correlator.on_framework(fm)
             elif probe == NOTE_PROBE:
@@ -213,6 +215,10 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
         pipeline.handle(probe, raw)
 
     live = LiveSource(sel, sink, warn=log, overrides=o.overrides)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
+    except OSError as e:
+        log(f"could not raise the agent's priority ({e.strerror}); it may lose events under load")
     stop = {"why": None}
 
     def on_signal(signum, _frame):

@@ -321,3 +321,83 @@ def _add_flow_stats(acc: dict[str, int], conn: Conn) -> None:
             key = "messages_parsed" if k == "messages" else k
             acc[key] = acc.get(key, 0) + getattr(s, k)
     acc["connections"] = acc.get("connections", 0) + 1
+
+
+# ---------------------------------------------------------------- framework events
+
+class FrameworkDecoder:
+    """Raw framework-probe events -> probes.framework.FrameworkMessage.
+
+    The same grouping as probes.framework.MessageAssembler (frames of one
+    (thread, socket, direction) up to the one without "more"; a ROUTER's first
+    frame is the peer's routing id), on tuples unpacked straight from the ring
+    record instead of an object per frame: this runs ~4 times per ps-lite
+    message and was the agent's largest per-event cost. zmq_socket events and
+    the ps-lite layer go through the probe's own assembler.
+    """
+
+    def __init__(self):
+        from probes.framework import FwEvent, Kind, MessageAssembler
+
+        self._asm = MessageAssembler()
+        self._open: dict[tuple, list] = {}
+        self._send, self._recv = int(Kind.ZMQ_SEND), int(Kind.ZMQ_RECV)
+        self._data_at = FwEvent.data.offset
+        self._fw = struct.Struct("<QQQQqQIIiHBBBB6x")
+        assert self._fw.size == self._data_at, "FrameworkDecoder does not match FwEvent"
+
+    @property
+    def open_messages(self) -> int:
+        return len(self._open)
+
+    def feed(self, raw: bytes):
+        (ts, ret_ts, sock, _obj, ret, size, tgid, tid, arg, data_len, kind, more, _t, _b) = \
+            self._fw.unpack_from(raw)
+        if kind != self._send and kind != self._recv:
+            from probes.framework import decode_event
+            return self._asm.feed(decode_event(raw))
+        key = (tgid, tid, sock, kind)
+        head = raw[self._data_at:self._data_at + data_len]
+        frames = self._open.get(key)
+        frame = (ts, ret_ts, size, head)
+        if more:
+            if frames is None:
+                self._open[key] = [frame]
+            else:
+                frames.append(frame)
+            return None
+        if frames is None:
+            frames = [frame]
+        else:
+            del self._open[key]
+            frames.append(frame)
+        return self._message(kind == self._send, tgid, tid, sock, frames)
+
+    def _message(self, send: bool, tgid: int, tid: int, sock: int, frames: list):
+        from probes.framework import (ZMQ_ROUTER, FrameworkMessage, _looks_like_routing_id,
+                                      decode_pbmeta)
+        from parsers.pslite.meta import node_id_of_identity
+
+        first, last = frames[0], frames[-1]
+        body = frames
+        peer = None
+        sock_type = self._asm._sock_types.get((tgid, sock))
+        if len(frames) >= 2 and (sock_type == ZMQ_ROUTER or (
+                sock_type is None and _looks_like_routing_id(first[3], first[2]))):
+            peer, body = first[3], frames[1:]
+        meta = decode_pbmeta(body[0][3], body[0][2]) if body else None
+        if meta is not None and peer is not None and not send:
+            node = node_id_of_identity(peer)
+            if node is not None:
+                meta = _replace_sender(meta, node)
+        sizes = tuple(f[2] for f in frames)
+        return FrameworkMessage(
+            layer="zmq", direction="send" if send else "recv", tgid=tgid, tid=tid, sock=sock,
+            ts_ns=first[0] if send else last[1], call_ts_ns=first[0], ret_ts_ns=last[1],
+            first_ret_ts_ns=first[1], total_bytes=sum(sizes), frames=len(frames), peer=peer,
+            meta=meta, frame_sizes=sizes, frame_heads=tuple(f[3] for f in frames))
+
+
+def _replace_sender(meta, node: int):
+    from dataclasses import replace
+    return replace(meta, sender=node)

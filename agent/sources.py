@@ -44,6 +44,11 @@ RECORD_VERSION = 1
 _REC_HEAD = struct.Struct("<B3xI")
 NOTE_PROBE = "agent"
 RESCAN_INTERVAL_S = 1.0
+# Ring sizes: big enough to ride out a burst while the consumer is descheduled
+# (the agent shares its cores with the job). 16 MiB each: ~60k sockcall events
+# of ~300 bytes, ~110k framework frames of 144 bytes.
+SOCKCALLS_RING_PAGES = 4096
+FRAMEWORK_RING_PAGES = 4096
 
 
 def agent_version() -> str:
@@ -276,6 +281,7 @@ class LiveSource:
     overrides: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
+        self.overrides = {"SOCKCALLS_RING_PAGES": SOCKCALLS_RING_PAGES, **self.overrides}
         self.program = None
         self.framework = None
         self.selector = ProcessSelector(self.sel)
@@ -381,7 +387,8 @@ class LiveSource:
         target = Target(library, layer, pid)
         if self.framework is None:
             t0 = time.perf_counter()
-            self.framework = _framework_tap_class()([target], self.sink, self.selector.selected)
+            self.framework = _framework_tap_class()([target], self.sink, self.selector.selected,
+                                                    ringbuf_pages=FRAMEWORK_RING_PAGES)
             self.framework.start()
             self.framework_compile_s = time.perf_counter() - t0
             return
