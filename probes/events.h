@@ -83,4 +83,196 @@ struct sockcall_event {
 	__u8  payload[SOCKCALL_PAYLOAD_MAX]; /* first bytes the call moved (user buffer / iovecs in order) */
 };
 
+/* ==== netstack: BEGIN (owner: probes/netstack.bpf.c, probes/rings.bpf.h) ====
+ * Kernel network stack, per message end (not per packet): the walker in
+ * sockcalls.bpf.c calls the ns_* functions of rings.bpf.h, and the netstack
+ * probe emits the events below into its own ring (ns_events). Every event
+ * starts with a one-byte kind. */
+
+enum ns_event_kind {
+	NS_EV_TX = 1,      /* struct ns_tx_event: a message's last byte handed to the driver */
+	NS_EV_TX_DONE = 2, /* struct ns_tx_done_event: what became of that skb after the driver */
+	NS_EV_RETRANS = 3, /* struct ns_retrans_event: tcp:tcp_retransmit_skb on a traced socket */
+	NS_EV_CONN = 4,    /* struct ns_conn_event: sock:inet_sock_set_state on a traced socket */
+	NS_EV_CALL = 5,    /* struct ns_call_event: connect()/accept() of a selected process */
+};
+
+/* Extra counter slots of the netstack probe. */
+enum ns_counter {
+	NS_COUNTER_TX_EXPECT_OVERWRITTEN = PSLAT_COUNTER_FIRST_EXTRA, /* expected ends pushed out of their socket's ring before reaching the driver */
+	NS_COUNTER_TX_SENT_UNSEEN = PSLAT_COUNTER_FIRST_EXTRA + 1,    /* expected ends already sent whose driver handoff was not on record */
+	NS_COUNTER_RX_NETIF_OVERWRITTEN = PSLAT_COUNTER_FIRST_EXTRA + 2, /* RX lookups whose segment record was pushed out of the flow ring */
+	NS_COUNTER_RX_NETIF_MISSING = PSLAT_COUNTER_FIRST_EXTRA + 3,  /* RX lookups that found no record of the segment (other reasons) */
+	NS_COUNTER_RX_DR_MISSING = PSLAT_COUNTER_FIRST_EXTRA + 4,     /* RX lookups without a data-ready at or past the end */
+	NS_COUNTER_SKB_UNPARSED = PSLAT_COUNTER_FIRST_EXTRA + 5,      /* skbs of traced sockets/flows whose headers could not be read */
+	NS_COUNTER_TRACK_FAILED = PSLAT_COUNTER_FIRST_EXTRA + 6,      /* sockets whose state could not be created */
+	NS_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 7,
+};
+
+/* ns_tx_event.flags */
+#define NS_TX_F_RETRANS        0x0001 /* the end was handed to the driver again (a retransmission); the first event stands */
+#define NS_TX_F_OVERWRITTEN    0x0002 /* pushed out of the socket's ring before its segment reached the driver: no times */
+#define NS_TX_F_CLOSED         0x0004 /* the socket closed before the segment reached the driver: no times */
+#define NS_TX_F_SENT_UNSEEN    0x0008 /* already sent when registered, but its handoff is not on record (ring overwritten, or sent before the socket was tracked): no times */
+#define NS_TX_F_NO_QUEUE       0x0010 /* no net_dev_queue seen for the skb (e.g. segmented after the qdisc): ts_queue_ns is 0 */
+#define NS_TX_F_BEFORE_EXPECT  0x0020 /* handed to the driver before ns_tx_expect_end was called (normal: veth and loopback transmit inside the send syscall) */
+
+/* ns_tx_done_event.reason */
+#define NS_TXC_COMPLETED  1 /* consume_skb of the transmitted skb: the driver released it (TX completion) */
+#define NS_TXC_FORWARDED  2 /* the skb reappeared on a receive path: the device (veth, loopback) hands skbs to a peer and has no TX completion */
+#define NS_TXC_DROPPED    3 /* kfree_skb of the transmitted skb: dropped after the driver handoff */
+
+/* A message end handed to the driver. Exactly one event per ns_tx_expect_end
+ * call without NS_TX_F_RETRANS (times, or a flag saying why not), plus one
+ * NS_TX_F_RETRANS event per later re-send of the same end. */
+struct ns_tx_event {
+	__u8  kind;          /* NS_EV_TX */
+	__u8  nr_xmit;       /* handoffs of this end so far (1 = first transmission) */
+	__u16 flags;         /* NS_TX_F_* */
+	__u32 end_seq;       /* the message's last byte is end_seq - 1 */
+	__u64 sk;            /* struct sock address */
+	__u64 msg_id;        /* the caller's id for the message */
+	__u64 ts_expect_ns;  /* when ns_tx_expect_end was called (send syscall exit) */
+	__u64 ts_queue_ns;   /* net_dev_queue of the skb that carried byte end_seq - 1 (qdisc entry); 0: flags */
+	__u64 ts_xmit_ns;    /* net_dev_start_xmit of that skb (driver handoff); 0: flags */
+	__u32 skb_seq;       /* sequence range of that skb's payload: [skb_seq, skb_end_seq) */
+	__u32 skb_end_seq;
+	__u32 ifindex;       /* device it was handed to */
+	__u32 netns_ino;     /* the socket's network namespace */
+};
+
+/* What happened to the skb carrying a message end after the driver handoff.
+ * At most one per NS_EV_TX event that had times. */
+struct ns_tx_done_event {
+	__u8  kind;          /* NS_EV_TX_DONE */
+	__u8  reason;        /* NS_TXC_* */
+	__u16 _pad;
+	__u32 end_seq;
+	__u64 sk;
+	__u64 msg_id;
+	__u64 ts_xmit_ns;    /* the handoff this is about */
+	__u64 ts_done_ns;    /* NS_TXC_COMPLETED: the TX completion; NS_TXC_DROPPED: the drop; NS_TXC_FORWARDED: 0 (there is none) */
+	__u32 ifindex;
+	__u32 netns_ino;
+};
+
+struct ns_retrans_event {
+	__u8  kind;          /* NS_EV_RETRANS */
+	__u8  state;         /* TCP state of the socket */
+	__u16 family;
+	__u32 netns_ino;
+	__u64 ts_ns;
+	__u64 sk;
+	__u32 seq;           /* the retransmitted skb: [seq, end_seq) (tcp_skb_cb; SYN/FIN count one) */
+	__u32 end_seq;
+	__s32 err;           /* the tracepoint's err: 0 when the retransmission was sent */
+	__u16 sport;         /* host byte order */
+	__u16 dport;
+	__u8  saddr[16];     /* IPv4 in the first 4 bytes */
+	__u8  daddr[16];
+};
+
+/* ns_conn_event.flags */
+#define NS_CONN_F_ISN   0x01 /* isn_local/isn_remote are valid (taken at ESTABLISHED) */
+#define NS_CONN_F_TGID  0x02 /* tgid is the process that connected / accepts on the listener */
+
+struct ns_conn_event {
+	__u8  kind;          /* NS_EV_CONN */
+	__u8  oldstate;      /* TCP_* state numbers (include/net/tcp_states.h) */
+	__u8  newstate;
+	__u8  flags;         /* NS_CONN_F_* */
+	__u32 netns_ino;
+	__u64 ts_ns;
+	__u64 sk;
+	__u64 sk_cookie;     /* 0 when nothing has asked the kernel for one yet */
+	__u32 tgid;
+	__u32 isn_local;
+	__u32 isn_remote;
+	__u16 family;
+	__u16 sport;
+	__u16 dport;
+	__u16 _pad;
+	__u8  saddr[16];
+	__u8  daddr[16];
+};
+
+#define NS_CALL_CONNECT 1
+#define NS_CALL_ACCEPT  2
+
+/* One connect() or accept()/accept4() of a selected process on a TCP socket. */
+struct ns_call_event {
+	__u8  kind;          /* NS_EV_CALL */
+	__u8  call;          /* NS_CALL_* */
+	__u16 family;
+	__u32 netns_ino;
+	__u64 ts_enter_ns;
+	__u64 ts_exit_ns;
+	__u64 sk;            /* connect: the socket; accept: the new socket (0 when the call failed) */
+	__s64 ret;           /* connect: 0 or -errno (-EINPROGRESS for non-blocking); accept: the new fd or -errno */
+	__u32 tgid;
+	__u32 tid;
+	__u32 fd;            /* connect: the socket's fd; accept: the listener's fd */
+	__u16 sport;
+	__u16 dport;
+	__u8  saddr[16];
+	__u8  daddr[16];
+	char  comm[16];
+};
+
+/* Filled by ns_rx_lookup_end(). */
+#define NS_RX_F_NETIF          0x0001 /* ts_netif_ns found */
+#define NS_RX_F_NIC            0x0002 /* ts_nic_ns found */
+#define NS_RX_F_DATA_READY     0x0004 /* ts_data_ready_ns found */
+#define NS_RX_F_NO_NAPI        0x0008 /* the segment reached netif_receive_skb without a NAPI GRO entry (veth without GRO/XDP, loopback): no NIC time */
+#define NS_RX_F_NETIF_OVERWRITTEN 0x0010 /* the segment's record was pushed out of the flow ring */
+#define NS_RX_F_NETIF_MISSING  0x0020 /* no record of the segment (arrived before the flow was tracked, or not seen) */
+#define NS_RX_F_DR_OVERWRITTEN 0x0040 /* the data-ready found may not be the first: older ones were pushed out of the ring */
+#define NS_RX_F_DR_MISSING     0x0080 /* no data-ready at or past end_seq on record */
+#define NS_RX_F_DUPLICATE      0x0100 /* the segment arrived more than once (retransmission): the first arrival is reported */
+#define NS_RX_F_UNTRACKED      0x0200 /* the socket was not tracked before this call (tracking starts now) */
+#define NS_RX_F_NOT_LOADED     0x8000 /* the netstack probe is not part of this program */
+
+struct ns_rx_times {
+	__u64 ts_nic_ns;        /* napi_gro_receive_entry of the segment carrying byte end_seq - 1; 0: flags */
+	__u64 ts_netif_ns;      /* netif_receive_skb of the skb carrying it; 0: flags */
+	__u64 ts_data_ready_ns; /* first sk_data_ready after which rcv_nxt >= end_seq; 0: flags */
+	__u32 data_ready_rcv_nxt; /* rcv_nxt at that data-ready */
+	__u32 flags;            /* NS_RX_F_* */
+};
+
+/* Filled by ns_thread_sched(). */
+#define NS_SCHED_F_TRACKED    0x01 /* the thread was tracked before this call: the fields are valid */
+#define NS_SCHED_F_NOT_LOADED 0x80
+
+struct ns_sched {
+	__u64 ts_wakeup_ns;    /* latest sched_wakeup of the thread; 0: none since tracking began */
+	__u64 ts_switch_in_ns; /* latest time it was switched in; 0: none yet */
+	__u64 oncpu_ns;        /* on-CPU time of its completed slices since tracking began
+	                        * (the current slice, from ts_switch_in_ns to now, is not in it) */
+	__u64 runq_ns;         /* time spent runnable but not running (wake-up or preemption to switch-in), since tracking began */
+	__u64 ts_tracked_ns;   /* when tracking of this thread began */
+	__u32 nr_switch_in;
+	__u32 flags;           /* NS_SCHED_F_* */
+};
+
+/* Filled by ns_window_state(): tcp_sock and sock fields as the kernel has them. */
+#define NS_WIN_F_VALID      0x01
+#define NS_WIN_F_NOT_LOADED 0x80
+
+struct ns_window {
+	__u32 snd_cwnd;        /* segments */
+	__u32 snd_ssthresh;    /* segments */
+	__u32 packets_out;     /* segments in flight */
+	__u32 retrans_out;     /* retransmitted segments in flight */
+	__u32 snd_wnd;         /* bytes: the peer's receive window as advertised (scaled) */
+	__u32 snd_una;
+	__u32 snd_nxt;
+	__u32 write_seq;
+	__u32 mss_cache;       /* bytes */
+	__s32 wmem_queued_bytes; /* sock.sk_wmem_queued: bytes in the write queue (sent and unsent) */
+	__s32 sndbuf_bytes;    /* sock.sk_sndbuf */
+	__u32 flags;           /* NS_WIN_F_* */
+};
+/* ==== netstack: END ==== */
+
 #endif /* PSLAT_EVENTS_H */

@@ -166,3 +166,285 @@ class SockcallEvent(ctypes.Structure):
             "payload": self.payload_data,
             "payload_fault": bool(self.flags & SOCKCALL_F_PAYLOAD_FAULT),
         }
+
+
+# ==== netstack: BEGIN (owner: probes/netstack.py; mirrors the netstack block of events.h) ====
+
+class NsEventKind(enum.IntEnum):
+    """enum ns_event_kind: the first byte of every netstack record."""
+
+    TX = 1
+    TX_DONE = 2
+    RETRANS = 3
+    CONN = 4
+    CALL = 5
+
+
+# Counter slots of the netstack probe, in order (enum pslat_counter, enum ns_counter).
+NETSTACK_COUNTERS = ("seen", "lost", "tx_expect_overwritten", "tx_sent_unseen", "rx_netif_overwritten",
+                     "rx_netif_missing", "rx_dr_missing", "skb_unparsed", "track_failed")
+
+NS_TX_F_RETRANS = 0x0001
+NS_TX_F_OVERWRITTEN = 0x0002
+NS_TX_F_CLOSED = 0x0004
+NS_TX_F_SENT_UNSEEN = 0x0008
+NS_TX_F_NO_QUEUE = 0x0010
+NS_TX_F_BEFORE_EXPECT = 0x0020
+
+NS_TXC_COMPLETED = 1
+NS_TXC_FORWARDED = 2
+NS_TXC_DROPPED = 3
+NS_TXC_NAMES = {NS_TXC_COMPLETED: "completed", NS_TXC_FORWARDED: "no_tx_completion_forwarded",
+                NS_TXC_DROPPED: "dropped"}
+
+NS_CONN_F_ISN = 0x01
+NS_CONN_F_TGID = 0x02
+
+NS_CALL_CONNECT = 1
+NS_CALL_ACCEPT = 2
+
+NS_RX_F_NETIF = 0x0001
+NS_RX_F_NIC = 0x0002
+NS_RX_F_DATA_READY = 0x0004
+NS_RX_F_NO_NAPI = 0x0008
+NS_RX_F_NETIF_OVERWRITTEN = 0x0010
+NS_RX_F_NETIF_MISSING = 0x0020
+NS_RX_F_DR_OVERWRITTEN = 0x0040
+NS_RX_F_DR_MISSING = 0x0080
+NS_RX_F_DUPLICATE = 0x0100
+NS_RX_F_UNTRACKED = 0x0200
+NS_RX_F_NOT_LOADED = 0x8000
+
+NS_SCHED_F_TRACKED = 0x01
+NS_SCHED_F_NOT_LOADED = 0x80
+
+NS_WIN_F_VALID = 0x01
+NS_WIN_F_NOT_LOADED = 0x80
+
+# TCP states (include/net/tcp_states.h), for life-cycle records.
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING",
+              12: "NEW_SYN_RECV", 13: "BOUND_INACTIVE"}
+
+
+def _ns_addr(family: int, raw) -> str:
+    b = bytes(raw)
+    if family == AF_INET:
+        return socket.inet_ntop(socket.AF_INET, b[:4])
+    if family == AF_INET6:
+        return socket.inet_ntop(socket.AF_INET6, b)
+    return b.hex()
+
+
+class NetstackEvent(ctypes.Structure):
+    """Base of the netstack records; `from_ring` decodes any of them by its kind byte."""
+
+    c_name = ""
+    kind_value = 0
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> "NetstackEvent":
+        if not len(data):
+            raise ValueError("empty netstack record")
+        kind = data[0]
+        sub = _NS_KINDS.get(kind)
+        if sub is None:
+            raise ValueError(f"netstack record has unknown kind {kind}")
+        if cls is not NetstackEvent and sub is not cls:
+            raise ValueError(f"netstack record of kind {kind} is not a {cls.__name__}")
+        size = ctypes.sizeof(sub)
+        if len(data) != size:
+            raise ValueError(f"netstack {sub.__name__} record is {len(data)} bytes, expected {size}")
+        return sub.from_buffer_copy(bytes(data))
+
+    @classmethod
+    def from_ring(cls, data_ptr: int, size_bytes: int) -> "NetstackEvent":
+        """Decode from the (pointer, size) bcc hands a ring-buffer callback."""
+        return cls.decode(ctypes.string_at(data_ptr, size_bytes))
+
+    def as_record(self) -> dict:
+        """A plain record: every field, addresses as text, arrays as bytes."""
+        out = {}
+        for name, _ in self._fields_:
+            if name.startswith("_"):
+                continue
+            v = getattr(self, name)
+            if name in ("saddr", "daddr"):
+                v = _ns_addr(self.family, v)
+            elif name == "comm":
+                v = v.decode(errors="replace")
+            out[name] = v
+        out["kind"] = NsEventKind(self.kind).name.lower()
+        return out
+
+
+class NsTxEvent(NetstackEvent):
+    """struct ns_tx_event."""
+
+    c_name = "struct ns_tx_event"
+    kind_value = NsEventKind.TX
+    _fields_ = [
+        ("kind", ctypes.c_uint8),
+        ("nr_xmit", ctypes.c_uint8),
+        ("flags", ctypes.c_uint16),
+        ("end_seq", ctypes.c_uint32),
+        ("sk", ctypes.c_uint64),
+        ("msg_id", ctypes.c_uint64),
+        ("ts_expect_ns", ctypes.c_uint64),
+        ("ts_queue_ns", ctypes.c_uint64),
+        ("ts_xmit_ns", ctypes.c_uint64),
+        ("skb_seq", ctypes.c_uint32),
+        ("skb_end_seq", ctypes.c_uint32),
+        ("ifindex", ctypes.c_uint32),
+        ("netns_ino", ctypes.c_uint32),
+    ]
+
+
+class NsTxDoneEvent(NetstackEvent):
+    """struct ns_tx_done_event."""
+
+    c_name = "struct ns_tx_done_event"
+    kind_value = NsEventKind.TX_DONE
+    _fields_ = [
+        ("kind", ctypes.c_uint8),
+        ("reason", ctypes.c_uint8),
+        ("_pad", ctypes.c_uint16),
+        ("end_seq", ctypes.c_uint32),
+        ("sk", ctypes.c_uint64),
+        ("msg_id", ctypes.c_uint64),
+        ("ts_xmit_ns", ctypes.c_uint64),
+        ("ts_done_ns", ctypes.c_uint64),
+        ("ifindex", ctypes.c_uint32),
+        ("netns_ino", ctypes.c_uint32),
+    ]
+
+
+class NsRetransEvent(NetstackEvent):
+    """struct ns_retrans_event."""
+
+    c_name = "struct ns_retrans_event"
+    kind_value = NsEventKind.RETRANS
+    _fields_ = [
+        ("kind", ctypes.c_uint8),
+        ("state", ctypes.c_uint8),
+        ("family", ctypes.c_uint16),
+        ("netns_ino", ctypes.c_uint32),
+        ("ts_ns", ctypes.c_uint64),
+        ("sk", ctypes.c_uint64),
+        ("seq", ctypes.c_uint32),
+        ("end_seq", ctypes.c_uint32),
+        ("err", ctypes.c_int32),
+        ("sport", ctypes.c_uint16),
+        ("dport", ctypes.c_uint16),
+        ("saddr", ctypes.c_uint8 * 16),
+        ("daddr", ctypes.c_uint8 * 16),
+    ]
+
+
+class NsConnEvent(NetstackEvent):
+    """struct ns_conn_event."""
+
+    c_name = "struct ns_conn_event"
+    kind_value = NsEventKind.CONN
+    _fields_ = [
+        ("kind", ctypes.c_uint8),
+        ("oldstate", ctypes.c_uint8),
+        ("newstate", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("netns_ino", ctypes.c_uint32),
+        ("ts_ns", ctypes.c_uint64),
+        ("sk", ctypes.c_uint64),
+        ("sk_cookie", ctypes.c_uint64),
+        ("tgid", ctypes.c_uint32),
+        ("isn_local", ctypes.c_uint32),
+        ("isn_remote", ctypes.c_uint32),
+        ("family", ctypes.c_uint16),
+        ("sport", ctypes.c_uint16),
+        ("dport", ctypes.c_uint16),
+        ("_pad", ctypes.c_uint16),
+        ("saddr", ctypes.c_uint8 * 16),
+        ("daddr", ctypes.c_uint8 * 16),
+    ]
+
+
+class NsCallEvent(NetstackEvent):
+    """struct ns_call_event."""
+
+    c_name = "struct ns_call_event"
+    kind_value = NsEventKind.CALL
+    _fields_ = [
+        ("kind", ctypes.c_uint8),
+        ("call", ctypes.c_uint8),
+        ("family", ctypes.c_uint16),
+        ("netns_ino", ctypes.c_uint32),
+        ("ts_enter_ns", ctypes.c_uint64),
+        ("ts_exit_ns", ctypes.c_uint64),
+        ("sk", ctypes.c_uint64),
+        ("ret", ctypes.c_int64),
+        ("tgid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("fd", ctypes.c_uint32),
+        ("sport", ctypes.c_uint16),
+        ("dport", ctypes.c_uint16),
+        ("saddr", ctypes.c_uint8 * 16),
+        ("daddr", ctypes.c_uint8 * 16),
+        ("comm", ctypes.c_char * 16),
+    ]
+
+
+_NS_KINDS = {c.kind_value: c for c in (NsTxEvent, NsTxDoneEvent, NsRetransEvent, NsConnEvent, NsCallEvent)}
+
+
+# Out-parameters of the rings.bpf.h API, embedded by other probes' events.
+
+class NsRxTimes(ctypes.Structure):
+    """struct ns_rx_times."""
+
+    c_name = "struct ns_rx_times"
+    _fields_ = [
+        ("ts_nic_ns", ctypes.c_uint64),
+        ("ts_netif_ns", ctypes.c_uint64),
+        ("ts_data_ready_ns", ctypes.c_uint64),
+        ("data_ready_rcv_nxt", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+    ]
+
+
+class NsSched(ctypes.Structure):
+    """struct ns_sched."""
+
+    c_name = "struct ns_sched"
+    _fields_ = [
+        ("ts_wakeup_ns", ctypes.c_uint64),
+        ("ts_switch_in_ns", ctypes.c_uint64),
+        ("oncpu_ns", ctypes.c_uint64),
+        ("runq_ns", ctypes.c_uint64),
+        ("ts_tracked_ns", ctypes.c_uint64),
+        ("nr_switch_in", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+    ]
+
+
+class NsWindow(ctypes.Structure):
+    """struct ns_window."""
+
+    c_name = "struct ns_window"
+    _fields_ = [
+        ("snd_cwnd", ctypes.c_uint32),
+        ("snd_ssthresh", ctypes.c_uint32),
+        ("packets_out", ctypes.c_uint32),
+        ("retrans_out", ctypes.c_uint32),
+        ("snd_wnd", ctypes.c_uint32),
+        ("snd_una", ctypes.c_uint32),
+        ("snd_nxt", ctypes.c_uint32),
+        ("write_seq", ctypes.c_uint32),
+        ("mss_cache", ctypes.c_uint32),
+        ("wmem_queued_bytes", ctypes.c_int32),
+        ("sndbuf_bytes", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+    ]
+
+
+NETSTACK_MIRRORS = (NsTxEvent, NsTxDoneEvent, NsRetransEvent, NsConnEvent, NsCallEvent, NsRxTimes, NsSched,
+                    NsWindow)
+# ==== netstack: END ====
