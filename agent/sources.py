@@ -26,6 +26,7 @@ reads. The pseudo-probe "agent" carries JSON notes written while running
 from __future__ import annotations
 
 import ctypes
+import gzip
 import json
 import os
 import struct
@@ -98,10 +99,14 @@ def read_recording(path: Path) -> tuple[dict, Iterator[tuple[str, bytes]]]:
     last whole event."""
     path = Path(path)
     try:
-        f = open(path, "rb")
+        f = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     except OSError as e:
         raise UserError(f"cannot read the recording {path} ({e.strerror}); check the --replay path") from None
-    head = f.read(len(RECORD_MAGIC) + 8)
+    try:
+        head = f.read(len(RECORD_MAGIC) + 8)
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        f.close()
+        raise UserError(f"{path} cannot be read as a recording ({e})") from None
     if len(head) < len(RECORD_MAGIC) + 8 or not head.startswith(RECORD_MAGIC):
         f.close()
         raise UserError(f"{path} is not a pslat recording (made by `pslat agent --record`)")

@@ -1,0 +1,90 @@
+"""Records a short real run of `pslat agent --record` for the agent's unit tests.
+
+A psbench job (scheduler, 2 servers, 2 workers, open loop, small requests) runs
+on the loopback of a network namespace made here; one agent traces that
+namespace (--netns, framework uprobes on pyzmq's libzmq through --lib) and
+records its raw events. Saved next to this file:
+
+  psbench.rec.gz             the recording (raw events of every probe), gzipped
+  psbench.messages.parquet   the messages table the live agent wrote (the replay
+                             must give the same rows)
+  psbench.truth.parquet      psbench's ground truth for the same run
+
+Needs root (BPF). Run from the repository root of the tree whose probes you want
+recorded (a clean checkout of a commit, so the format is one that landed):
+  /work/main/.venv/bin/python tests/data/agent/record.py
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(ROOT))
+
+PSBENCH = ["--servers", "2", "--workers", "2", "--duration-s", "1", "--rate", "20",
+           "--keys-per-request", "16", "--key-space", "100000"]
+READY_TIMEOUT_S = 120
+
+
+def pyzmq_libzmq() -> Path:
+    import zmq
+    libs = sorted(Path(zmq.__file__).parent.parent.glob("pyzmq.libs/libzmq*.so*"))
+    if not libs:
+        raise SystemExit("pyzmq ships no bundled libzmq here; pass the libzmq the job loads")
+    return libs[0]
+
+
+def main() -> None:
+    import pandas as pd
+
+    from agent.rundir import read_run_dir
+    from workloads.psbench.truth import read_truth
+
+    ns = f"pslat-rec-{os.getpid()}"
+    tmp = Path(tempfile.mkdtemp(prefix="pslat-agent-rec-"))
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    agent = None
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "agent", "--out", str(tmp / "out"), "--netns", ns,
+             "--lib", str(pyzmq_libzmq()), "--record", str(tmp / "rec.bin")],
+            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        for line in agent.stderr:  # ready signal
+            print(line, end="", file=sys.stderr)
+            if "ready:" in line:
+                break
+        else:
+            raise SystemExit(f"the agent did not start: {agent.wait()}")
+        subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "agent.cli", "psbench", "run",
+                        "--out", str(tmp / "ps"), *PSBENCH], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        agent.send_signal(signal.SIGINT)
+        print(agent.stderr.read(), end="", file=sys.stderr)
+        if agent.wait(60) != 0:
+            raise SystemExit("the agent failed")
+        with open(tmp / "rec.bin", "rb") as f, gzip.open(HERE / "psbench.rec.gz", "wb", compresslevel=9) as g:
+            shutil.copyfileobj(f, g)
+        frames = [read_run_dir(d).tables["messages"] for d in sorted(glob.glob(str(tmp / "out" / "*/")))]
+        msgs = pd.concat(frames, ignore_index=True)
+        msgs.to_parquet(HERE / "psbench.messages.parquet", index=False)
+        read_truth(tmp / "ps").to_parquet(HERE / "psbench.truth.parquet", index=False)
+        print(f"{len(msgs)} messages; recording {os.path.getsize(HERE / 'psbench.rec.gz')} bytes gzipped",
+              file=sys.stderr)
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
