@@ -30,6 +30,8 @@ def agent(
     replay: Optional[Path] = typer.Option(None, "--replay", help="decode a --record FILE instead of "
                                           "tracing (no root needed)"),
     print_bpf: bool = typer.Option(False, "--print-bpf", help="print the BPF program and exit"),
+    netstack: bool = typer.Option(True, "--netstack/--no-netstack", help="also probe the kernel network "
+                                  "stack (segment, window, scheduler and connection times)"),
 ) -> None:
     """Trace every ps-lite message of the selected processes, with its per-stage times."""
     from agent.daemon import AgentOptions, replay as do_replay, run_live
@@ -47,4 +49,4 @@ def agent(
         return
     run_live(AgentOptions(out=out, pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
                           ports=tuple(port), host_id=host_id, duration_s=duration, record=record,
-                          libs=tuple(lib), print_bpf=print_bpf))
+                          libs=tuple(lib), print_bpf=print_bpf, netstack=netstack))

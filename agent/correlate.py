@@ -165,6 +165,9 @@ class Correlator:
         self._bound: dict[tuple, str] = {}        # (layer, tgid, zmq socket) -> conn_id
         self.fw_tgids: set[int] = set()            # processes whose framework records we saw
         self.counters = defaultdict(int)
+        self.tx_times = TxTimes()
+        self.connections: Connections | None = None
+        self._next_prune = 0
 
     # -- input ------------------------------------------------------------------
     def on_message(self, wm: WireMessage) -> None:
@@ -215,6 +218,30 @@ class Correlator:
         if self.now_ns >= self._next_step:
             self._next_step = self.now_ns + STEP_NS
             self.step()
+
+    def on_netstack(self, ev) -> None:
+        """A netstack event (probes.events NetstackEvent subclasses, by kind)."""
+        kind = ev.kind
+        if kind == 1:     # TX: a message end handed to the driver
+            self.tx_times.on_tx(ev.sk, ev.end_seq, ev.flags, ev.ts_queue_ns, ev.ts_xmit_ns, self.now_ns)
+            self.ids.version += 1   # tx rows waiting for their times look again
+        elif kind == 2:   # TX_DONE
+            self.tx_times.on_tx_done(ev.sk, ev.end_seq, ev.reason, ev.ts_done_ns, self.now_ns)
+            self.ids.version += 1
+        elif self.connections is not None:
+            if kind == 3:
+                self.connections.on_retransmit(ev)
+            elif kind == 4:
+                self.connections.on_state(ev)
+            elif kind == 5:
+                self.connections.on_call(ev)
+
+    def _tx_ready(self, p: Pending, final: bool) -> bool:
+        """A send-side row waits for its driver handoff and completion (netstack)."""
+        if not self.netstack_on or not p.wm.tx or final or self.now_ns - p.added_ns >= HOLD_NS:
+            return True
+        st = self.tx_times.get(p.wm.conn.sk, p.wm.seq_end)
+        return st is not None and st.get("_done", False)
 
     # -- matching ---------------------------------------------------------------
     def _compatible(self, f: PendingFw, p: Pending) -> bool:
@@ -317,6 +344,9 @@ class Correlator:
             self._ready.extend(self._unkeyed)
             self._unkeyed = []
         self._emit_ready(final)
+        if now >= self._next_prune:
+            self._next_prune = now + HOLD_NS
+            self.tx_times.prune(now)
 
     def _settle(self, key: tuple, final: bool) -> None:
         now = self.now_ns
@@ -365,9 +395,9 @@ class Correlator:
         for p in self._ready:
             sender = self.ids.sender(p.wm, p.tgid)
             recver = self.ids.recver(p.wm, p.tgid)
-            if (sender is None or recver is None) and not final and now - p.added_ns < HOLD_NS \
-                    and p.wm.msg.kind is not Kind.CONTROL:
-                waiting.append(p)   # ids may still be learnt (mid-stream join)
+            if ((sender is None or recver is None) and not final and now - p.added_ns < HOLD_NS
+                    and p.wm.msg.kind is not Kind.CONTROL) or not self._tx_ready(p, final):
+                waiting.append(p)   # ids may still be learnt (mid-stream join), times may come
             else:
                 self.emit(p.wm.conn.netns_ino, self._row(p, sender, recver))
         self._ready = []
@@ -383,6 +413,8 @@ class Correlator:
 
     def close(self) -> None:
         self.step(final=True)
+        if self.connections is not None:
+            self.connections.close()
 
     # -- rows -----------------------------------------------------------------------
     def _row(self, p: Pending, sender, recver) -> dict:
@@ -400,6 +432,8 @@ class Correlator:
             else:
                 reasons["ts_framework_ns"] = p.fw_reason or R_NO_FW_MATCH
         stages = wm.stages
+        if wm.tx and self.netstack_on:
+            stages = self.tx_times.pop(conn.sk, wm.seq_end) or stages
         row = {c: None for c in _STAGE_COLS}
         row["ts_framework_ns"] = ts_fw
         kernel_reason = R_NOT_TIMED if self.netstack_on else R_NO_NETSTACK
@@ -446,9 +480,176 @@ class Correlator:
         })
         for col in _SUB_COLS:
             row[col] = stages.get(col)
+        if wm.tx and ts_fw is not None and self.connections is not None:
+            # the request waited for its connection (zmq connects in the background)
+            est = self.connections.established_ns(conn.local, conn.remote)
+            if est is not None and est > ts_fw:
+                row["connect_wait_ns"] = est - ts_fw
         return row
 
 
 _STAGE_COLS = tuple(dict.fromkeys(list(TX_STAGE_COLUMNS.values()) + list(RX_STAGE_COLUMNS.values())))
 _SUB_COLS = ("runq_wait_ns", "busy_wait_ns", "cwnd_wait_ns", "rwnd_wait_ns", "qdisc_wait_ns",
              "connect_wait_ns")
+
+
+# ---------------------------------------------------------------- netstack
+
+NS_TX_F_RETRANS, NS_TX_F_OVERWRITTEN, NS_TX_F_CLOSED, NS_TX_F_SENT_UNSEEN, NS_TX_F_NO_QUEUE = 1, 2, 4, 8, 16
+NS_TXC_COMPLETED, NS_TXC_FORWARDED, NS_TXC_DROPPED = 1, 2, 3
+_NO_XMIT = ((NS_TX_F_OVERWRITTEN, "the end left the socket's ring before reaching the driver"),
+            (NS_TX_F_CLOSED, "the socket closed before the segment reached the driver"),
+            (NS_TX_F_SENT_UNSEEN, "sent before the socket was tracked, or its handoff record was overwritten"))
+_TXDONE_NULL = {NS_TXC_FORWARDED: "device has no TX completion (veth/loopback hand the skb to the peer)",
+                NS_TXC_DROPPED: "the segment was dropped after the driver handoff"}
+
+
+def tx_stages_of(flags: int, ts_queue_ns: int, ts_xmit_ns: int) -> dict:
+    """Send-side stages of a message end from a netstack TX event."""
+    for bit, why in _NO_XMIT:
+        if flags & bit:
+            return {"ts_xmit_last_ns": None, "ts_xmit_last_ns:null": why,
+                    "ts_txdone_last_ns": None, "ts_txdone_last_ns:null": "no driver handoff on record"}
+    out = {"ts_xmit_last_ns": ts_xmit_ns or None}
+    if not ts_xmit_ns:
+        out["ts_xmit_last_ns:null"] = R_NOT_TIMED
+    if ts_queue_ns and ts_xmit_ns and not flags & NS_TX_F_NO_QUEUE:
+        out["qdisc_wait_ns"] = ts_xmit_ns - ts_queue_ns
+    return out
+
+
+class TxTimes:
+    """Send-side times per message end (socket, end_seq), as the netstack probe
+    reports them: a TX event (driver handoff), then a TX_DONE (completion, or
+    why there is none). Complete when both came, or the first says no times."""
+
+    def __init__(self):
+        self._by_end: dict[tuple, dict] = {}
+        self.retransmitted_ends = 0
+
+    def on_tx(self, sk: int, end_seq: int, flags: int, ts_queue_ns: int, ts_xmit_ns: int, now_ns: int) -> None:
+        if flags & NS_TX_F_RETRANS:
+            self.retransmitted_ends += 1   # the first transmission's times stand
+            return
+        st = self._by_end.setdefault((sk, end_seq), {"_added": now_ns})
+        got = tx_stages_of(flags, ts_queue_ns, ts_xmit_ns)
+        st.update({k: v for k, v in got.items() if k not in st or k.startswith("ts_xmit") or k == "qdisc_wait_ns"})
+        if "ts_txdone_last_ns" in got:
+            st["_done"] = True
+
+    def on_tx_done(self, sk: int, end_seq: int, reason: int, ts_done_ns: int, now_ns: int) -> None:
+        st = self._by_end.setdefault((sk, end_seq), {"_added": now_ns})
+        if reason == NS_TXC_COMPLETED and ts_done_ns:
+            st["ts_txdone_last_ns"] = ts_done_ns
+        else:
+            st["ts_txdone_last_ns"] = None
+            st["ts_txdone_last_ns:null"] = _TXDONE_NULL.get(reason, R_NOT_TIMED)
+        st["_done"] = True
+
+    def get(self, sk: int, end_seq: int) -> dict | None:
+        return self._by_end.get((sk, end_seq))
+
+    def pop(self, sk: int, end_seq: int) -> dict | None:
+        return self._by_end.pop((sk, end_seq), None)
+
+    def prune(self, now_ns: int) -> None:
+        old = [k for k, v in self._by_end.items() if now_ns - v["_added"] > 4 * HOLD_NS]
+        for k in old:
+            del self._by_end[k]
+
+
+_TCP_STATE = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING",
+              12: "NEW_SYN_RECV"}
+TCP_ESTABLISHED, TCP_SYN_SENT, TCP_SYN_RECV, TCP_CLOSE = 1, 2, 3, 7
+NS_CALL_CONNECT, NS_CALL_ACCEPT = 1, 2
+NS_CONN_F_ISN, NS_CONN_F_TGID = 1, 2
+
+
+class Connections:
+    """Connection life-cycles -> rows of the `connections` table (records.CONNECTIONS_SCHEMA).
+    emit(netns inode, row) gets a row when the connection closes, or at the end."""
+
+    def __init__(self, emit: Callable[[int, dict], None], host_of: Callable[[int], str]):
+        self.emit = emit
+        self.host_of = host_of
+        self._open: dict[tuple, dict] = {}    # (netns, sk) -> row in progress
+        self._est_of: dict[tuple, int] = {}   # (local, remote) -> ESTABLISHED ts (for connect_wait)
+
+    def _row(self, netns: int, sk: int) -> dict:
+        r = self._open.get((netns, sk))
+        if r is None:
+            r = self._open[(netns, sk)] = {"netns_ino": netns, "role": "unknown", "retransmits": 0,
+                                           "retransmit_failures": 0, "_states": []}
+        return r
+
+    @staticmethod
+    def _tuple(r: dict, family: int, saddr: bytes, daddr: bytes, sport: int, dport: int) -> None:
+        from agent.decode import _addr
+        if sport or dport:
+            r.update(local_ip=_addr(family, bytes(saddr)), local_port=sport,
+                     remote_ip=_addr(family, bytes(daddr)), remote_port=dport)
+
+    def on_call(self, ev) -> None:
+        if not ev.sk:
+            return
+        r = self._row(ev.netns_ino, ev.sk)
+        r["pid"] = ev.tgid
+        self._tuple(r, ev.family, ev.saddr, ev.daddr, ev.sport, ev.dport)
+        if ev.call == NS_CALL_CONNECT:
+            r.update(role="connect", ts_connect_enter_ns=ev.ts_enter_ns, ts_connect_exit_ns=ev.ts_exit_ns,
+                     connect_ret=ev.ret)
+        elif ev.call == NS_CALL_ACCEPT:
+            r.update(role="accept", ts_accept_enter_ns=ev.ts_enter_ns, ts_accept_exit_ns=ev.ts_exit_ns)
+
+    def on_state(self, ev) -> None:
+        r = self._row(ev.netns_ino, ev.sk)
+        self._tuple(r, ev.family, ev.saddr, ev.daddr, ev.sport, ev.dport)
+        if ev.flags & NS_CONN_F_TGID and ev.tgid:
+            r.setdefault("pid", ev.tgid)
+        if ev.flags & NS_CONN_F_ISN:
+            r.update(isn_local=ev.isn_local, isn_remote=ev.isn_remote)
+        r["_states"].append(f"{_TCP_STATE.get(ev.newstate, ev.newstate)}@{ev.ts_ns}")
+        if ev.newstate == TCP_SYN_SENT:
+            r["ts_syn_sent_ns"] = ev.ts_ns
+        elif ev.newstate == TCP_SYN_RECV:
+            r["ts_syn_recv_ns"] = ev.ts_ns
+        elif ev.newstate == TCP_ESTABLISHED:
+            r["ts_established_ns"] = ev.ts_ns
+            if "local_ip" in r:
+                self._est_of[((r["local_ip"], r["local_port"]), (r["remote_ip"], r["remote_port"]))] = ev.ts_ns
+        elif ev.newstate == TCP_CLOSE:
+            r["ts_close_ns"] = ev.ts_ns
+            self._flush(ev.netns_ino, ev.sk)
+
+    def on_retransmit(self, ev) -> None:
+        r = self._row(ev.netns_ino, ev.sk)
+        self._tuple(r, ev.family, ev.saddr, ev.daddr, ev.sport, ev.dport)
+        r["retransmits"] += 1
+        if ev.err:
+            r["retransmit_failures"] += 1
+
+    def established_ns(self, local, remote) -> int | None:
+        return self._est_of.get((local, remote))
+
+    def _flush(self, netns: int, sk: int) -> None:
+        from agent.decode import conn_id_of
+        r = self._open.pop((netns, sk))
+        states = r.pop("_states")
+        r["states"] = ",".join(states)
+        if "local_ip" in r:
+            known = "isn_local" in r
+            r["conn_id"] = conn_id_of((r["local_ip"], r["local_port"]), (r["remote_ip"], r["remote_port"]),
+                                      r.get("isn_local", 0), r.get("isn_remote", 0), known)[0]
+        est = r.get("ts_established_ns")
+        start = r.get("ts_connect_enter_ns") or r.get("ts_syn_sent_ns")
+        if est and start:
+            r["handshake_ns"] = est - start
+        if est and r.get("ts_accept_exit_ns"):
+            r["accept_wait_ns"] = r["ts_accept_exit_ns"] - est
+        r["host_id"] = self.host_of(netns)
+        self.emit(netns, r)
+
+    def close(self) -> None:
+        for netns, sk in list(self._open):
+            self._flush(netns, sk)

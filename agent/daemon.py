@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from agent.correlate import Correlator
-from agent.decode import FrameworkDecoder, StreamDecoder, call_of_sockcall
+from agent.correlate import Connections, Correlator
+from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, sockcall_format
 from agent.errors import UserError
 from agent.hosts import HostMap, clock_discipline, clock_mapping, kernel_info
-from agent.records import MESSAGES_SCHEMA
+from agent.records import CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
 from agent.rundir import RunDirWriter
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
 
@@ -42,16 +42,22 @@ class Pipeline:
 
     def __init__(self, out: Path, host_map: HostMap, meta: dict, framework_on: bool = True,
                  netstack_on: bool = False, shard_interval_s: float = SHARD_INTERVAL_S,
-                 hosts: tuple[str, ...] = (), warn: Callable[[str], None] | None = None):
+                 hosts: tuple[str, ...] = (), warn: Callable[[str], None] | None = None,
+                 sockcall_fmt: str = "prefix"):
         self.out = Path(out)
         self.host_map = host_map
         self.meta = meta
         self.shard_interval_s = shard_interval_s
         self.warn = warn or (lambda m: print(f"pslat agent: {m}", file=sys.stderr))
         self.decoder = StreamDecoder()
+        self.sockcalls = SockcallAssembler(sockcall_fmt)
+        self.meta.setdefault("config", {})["sockcall_format"] = sockcall_fmt
         self.framework = FrameworkDecoder()
         self.correlator = Correlator(self._emit, host_map.host_of, framework_on=framework_on,
                                      netstack_on=netstack_on)
+        if netstack_on:
+            self.correlator.connections = Connections(self._emit_connection, host_map.host_of)
+        self._netstack_decode = None
         self.writers: dict[str, RunDirWriter] = {}
         self.host_netns: dict[str, set[int]] = {}
         self.events: dict[str, int] = {}
@@ -67,7 +73,7 @@ class Pipeline:
         self.events[probe] = self.events.get(probe, 0) + 1
         try:
             if probe == "sockcalls":
-                call = call_of_sockcall(raw)
+                call = self.sockcalls.feed(raw)
                 if call is not None:
                     for wm in self.decoder.feed(call):
                         self.correlator.on_message(wm)
@@ -75,9 +81,13 @@ class Pipeline:
                 fm = self.framework.feed(raw)
                 if fm is not None:
                     self.correlator.on_framework(fm)
+            elif probe == "netstack":
+                if self._netstack_decode is None:
+                    from probes.events import NetstackEvent  # exists once netstack landed
+                    self._netstack_decode = NetstackEvent.decode
+                self.correlator.on_netstack(self._netstack_decode(raw))
             elif probe == NOTE_PROBE:
                 self._note(raw)
-            # other probes (netstack) have no consumer yet: counted in `events`
         except Exception:  # one bad event must not stop the agent: count it, say it once
             n = self.errors.get(probe, 0)
             self.errors[probe] = n + 1
@@ -97,6 +107,9 @@ class Pipeline:
         self.host_netns.setdefault(host, set()).add(netns_ino)
         self.rows[host] = self.rows.get(host, 0) + 1
 
+    def _emit_connection(self, netns_ino: int, row: dict) -> None:
+        self._writer(row["host_id"]).append("connections", row)
+
     def _writer(self, host: str) -> RunDirWriter:
         w = self.writers.get(host)
         if w is None:
@@ -105,6 +118,7 @@ class Pipeline:
             meta = dict(self.meta, host_id=host)
             w = self.writers[host] = RunDirWriter(self.out / host, meta, self.shard_interval_s)
             w.set_schema("messages", MESSAGES_SCHEMA)
+            w.set_schema("connections", CONNECTIONS_SCHEMA)
         return w
 
     # -- upkeep -----------------------------------------------------------------
@@ -117,6 +131,9 @@ class Pipeline:
             for k, v in per_netns.get(ino, {}).items():
                 out[k] = out.get(k, 0) + v
         out.update({f"correlate_{k}": v for k, v in self.correlator.counters.items()})
+        out["tx_ends_retransmitted"] = self.correlator.tx_times.retransmitted_ends
+        if self.sockcalls.walk_stops:
+            out["walk_stops"] = {str(k): v for k, v in self.sockcalls.walk_stops.items()}
         out["consumer_cpu_s"] = round(self.cpu_s, 3)
         return out
 
@@ -150,6 +167,7 @@ class AgentOptions:
     record: Path | None = None
     libs: tuple = ()
     print_bpf: bool = False
+    netstack: bool = True
     overrides: dict = field(default_factory=dict)
 
 
@@ -190,7 +208,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
     log = log or (lambda m: print(f"pslat agent: {m}", file=sys.stderr, flush=True))
     sel = _selection(o)
     if o.print_bpf:
-        src = LiveSource(sel, sink=lambda p, r: None)
+        src = LiveSource(sel, sink=lambda p, r: None, netstack=o.netstack)
         print(src.generated().render())
         from probes.framework import SOURCE
         print(f"/* ==== framework uprobes ({SOURCE.name}): built per traced library with its "
@@ -214,7 +232,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
             recorder.write(probe, raw)
         pipeline.handle(probe, raw)
 
-    live = LiveSource(sel, sink, warn=log, overrides=o.overrides)
+    live = LiveSource(sel, sink, warn=log, overrides=o.overrides, netstack=o.netstack)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
     except OSError as e:
@@ -230,10 +248,11 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
         config = live.config()
         netstack_on = any(p not in ("sockcalls", "framework") for p in config["probes"])
         meta = base_meta(sel, host_map, config)
+        fmt = sockcall_format()
         pipeline = Pipeline(o.out, host_map, meta, framework_on=True, netstack_on=netstack_on,
-                            hosts=named_hosts, warn=log)
+                            hosts=named_hosts, warn=log, sockcall_fmt=fmt)
         if o.record:
-            recorder = RecordWriter(o.record, {**meta, "probes": config["probes"],
+            recorder = RecordWriter(o.record, {**meta, "probes": config["probes"], "sockcall_format": fmt,
                                                "netns_names": {str(k): v for k, v in host_map.names().items()},
                                                "host_id": host_map.default})
         log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
@@ -296,7 +315,7 @@ def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S) ->
     probes = h.get("config", {}).get("probes", h.get("probes", []))
     pipeline = Pipeline(out, host_map, meta, framework_on="framework" in probes,
                         netstack_on=any(p not in ("sockcalls", "framework", NOTE_PROBE) for p in probes),
-                        shard_interval_s=shard_interval_s)
+                        shard_interval_s=shard_interval_s, sockcall_fmt=h.get("sockcall_format", "prefix"))
     t0 = time.perf_counter()
     c0 = time.process_time()
     src.run(pipeline.handle)

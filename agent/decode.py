@@ -89,19 +89,48 @@ def _addr(family: int, raw: bytes) -> str:
     return s
 
 
-def call_of_sockcall(raw: bytes) -> Call | None:
-    """A sockcalls ring record -> Call (None for a call that moved nothing)."""
+def sockcall_format() -> str:
+    """How this tree's sockcalls probe fills payload[]: "prefix" (the first bytes
+    the call moved) or "items" (the in-kernel ZMTP walker's items, events.h
+    struct sockcall_item). Read from events.h, which is what the BPF side
+    compiles (the walker's Python mirror may land after its C side)."""
+    from probes.events import EVENTS_H
+    return "items" if "struct sockcall_item" in EVENTS_H.read_text() else "prefix"
+
+
+def _head(raw: bytes):
     if len(raw) < _HEAD.size:
         raise ValueError(f"sockcall record of {len(raw)} bytes is shorter than its header")
-    (enter, exit_, sk, _cookie, ret, tgid, tid, _fd, netns, seq_start, seq_end, isn_l, isn_r,
-     saddr, daddr, family, sport, dport, payload_bytes, call, flags, comm) = _HEAD.unpack_from(raw)
-    if ret <= 0:
-        return None  # errors, and end of stream (a FIN: no data)
-    moved = (seq_end - seq_start) & MASK32
-    if moved == 0:
-        return None  # MSG_PEEK: returned bytes but consumed none
-    payload = raw[_HEAD.size:_HEAD.size + payload_bytes]  # a valid prefix, even after a fault
-    if moved != ret:
+    return _HEAD.unpack_from(raw)
+
+
+def _call(h, view: list, ends: dict) -> Call:
+    (enter, exit_, sk, _cookie, _ret, tgid, tid, _fd, netns, seq_start, seq_end, isn_l, isn_r,
+     saddr, daddr, family, sport, dport, _pb, call, flags, comm) = h
+    return Call(
+        tx=call in _SEND_CALLS, tgid=tgid, tid=tid, comm=comm.split(b"\0", 1)[0].decode(errors="replace"),
+        netns_ino=netns, sk=sk, enter_ts_ns=enter, exit_ts_ns=exit_, family=family,
+        local=(_addr(family, saddr), sport), remote=(_addr(family, daddr), dport),
+        isn_local=isn_l, isn_remote=isn_r,
+        isn_known=bool(flags & (SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED)),
+        seq_start=seq_start, seq_bytes=(seq_end - seq_start) & MASK32, view=view, ends=ends)
+
+
+def _moved(h) -> int:
+    """Bytes the call consumed or wrote; 0 for errors, end of stream (a FIN) and
+    MSG_PEEK (returned bytes, consumed none)."""
+    ret, seq_start, seq_end = h[4], h[9], h[10]
+    return (seq_end - seq_start) & MASK32 if ret > 0 else 0
+
+
+def call_of_sockcall(raw: bytes) -> Call | None:
+    """A sockcalls ring record of the "prefix" format -> Call (None: it moved nothing)."""
+    h = _head(raw)
+    moved = _moved(h)
+    if not moved:
+        return None
+    payload = raw[_HEAD.size:_HEAD.size + h[18]]  # a valid prefix, even after a fault
+    if moved != h[4]:
         # the range and the return disagree (another thread on the same socket):
         # the prefix cannot be placed, so none of it is used
         view = [(0, moved)]
@@ -109,13 +138,108 @@ def call_of_sockcall(raw: bytes) -> Call | None:
         view = [(0, payload)] if payload else []
         if len(payload) < moved:
             view.append((len(payload), moved - len(payload)))
-    return Call(
-        tx=call in _SEND_CALLS, tgid=tgid, tid=tid, comm=comm.split(b"\0", 1)[0].decode(errors="replace"),
-        netns_ino=netns, sk=sk, enter_ts_ns=enter, exit_ts_ns=exit_, family=family,
-        local=(_addr(family, saddr), sport), remote=(_addr(family, daddr), dport),
-        isn_local=isn_l, isn_remote=isn_r,
-        isn_known=bool(flags & (SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED)),
-        seq_start=seq_start, seq_bytes=moved, view=view, ends={})
+    return _call(h, view, {})
+
+
+# The walker's items (events.h, "sockcalls: what the ZMTP walker says").
+_ITEM = struct.Struct("<BBHI")
+ITEM_BYTES, ITEM_WALK_START, ITEM_WALK_END, ITEM_MSG_END = 1, 2, 3, 4
+ITEM_KEY_SCAN, ITEM_RX_TIMES, ITEM_SCHED, ITEM_WINDOW = 5, 6, 7, 8
+SOCKCALL_F_CONTINUED = 0x08
+_MSG_END = struct.Struct("<IIQ")       # end_seq, frames, msg_index
+_RX_TIMES = struct.Struct("<QQQII")    # nic, netif, data_ready, data_ready_rcv_nxt, flags
+NS_RX_F_NETIF, NS_RX_F_NIC, NS_RX_F_DATA_READY, NS_RX_F_NO_NAPI = 0x1, 0x2, 0x4, 0x8
+NS_RX_F_NETIF_OVERWRITTEN, NS_RX_F_NETIF_MISSING = 0x10, 0x20
+NS_RX_F_DR_MISSING, NS_RX_F_UNTRACKED, NS_RX_F_NOT_LOADED = 0x80, 0x200, 0x8000
+
+
+def rx_stages(nic: int, netif: int, dr: int, flags: int) -> dict:
+    """Receive-side stage times of one message end, with the reason for each missing one."""
+    out: dict = {}
+
+    def put(col, have, ts, why):
+        out[col] = ts if have and ts else None
+        if out[col] is None:
+            out[col + ":null"] = why
+
+    if flags & NS_RX_F_NOT_LOADED:
+        why = "netstack probe not loaded"
+        put("ts_nic_rx_last_ns", False, 0, why)
+        put("ts_netif_rx_last_ns", False, 0, why)
+        put("ts_data_ready_ns", False, 0, why)
+        return out
+    seg = ("segment record overwritten in the flow ring" if flags & NS_RX_F_NETIF_OVERWRITTEN else
+           "socket not tracked before this call" if flags & NS_RX_F_UNTRACKED else
+           "no record of the segment")
+    put("ts_nic_rx_last_ns", flags & NS_RX_F_NIC, nic,
+        "device has no NAPI/GRO receive (veth, loopback): no NIC time" if flags & NS_RX_F_NO_NAPI else seg)
+    put("ts_netif_rx_last_ns", flags & NS_RX_F_NETIF, netif, seg)
+    put("ts_data_ready_ns", flags & NS_RX_F_DATA_READY, dr, "no data-ready on record for this end")
+    return out
+
+
+class SockcallAssembler:
+    """sockcalls ring records -> Calls, for either payload format. A walked call
+    whose items did not fit in one record comes as several records of the same
+    thread, all but the last flagged CONTINUED: their items are joined here."""
+
+    def __init__(self, fmt: str):
+        if fmt not in ("prefix", "items"):
+            raise ValueError(f"unknown sockcall format {fmt!r}")
+        self.format = fmt
+        self._parts: dict[int, list[bytes]] = {}
+        self.walk_stops: dict[int, int] = {}   # WALK_END reason -> count
+
+    def feed(self, raw: bytes) -> Call | None:
+        if self.format == "prefix":
+            return call_of_sockcall(raw)
+        h = _head(raw)
+        items = raw[_HEAD.size:_HEAD.size + h[18]]
+        tid = h[6]
+        if h[20] & SOCKCALL_F_CONTINUED:
+            self._parts.setdefault(tid, []).append(items)
+            return None
+        parts = self._parts.pop(tid, None)
+        if parts:
+            items = b"".join(parts) + items
+        moved = _moved(h)
+        if not moved:
+            return None
+        view, ends = self._view(items, moved)
+        return _call(h, view, ends)
+
+    def _view(self, items: bytes, moved: int) -> tuple[list, dict]:
+        view: list = []
+        ends: dict = {}
+        cursor = pos = 0
+        n = len(items)
+        while pos + 8 <= n:
+            kind, _what, ln, off = _ITEM.unpack_from(items, pos)
+            pos += 8
+            body = items[pos:pos + ln]
+            pos += ln
+            if kind == ITEM_BYTES:
+                if off < cursor:          # overlapping pieces: keep the new bytes only
+                    body = body[cursor - off:]
+                    off = cursor
+                if off > moved or not body:
+                    continue
+                if off > cursor:
+                    view.append((cursor, off - cursor))
+                body = body[:moved - off]
+                view.append((off, body))
+                cursor = off + len(body)
+            elif kind == ITEM_MSG_END:
+                ends.setdefault(off, {})
+            elif kind == ITEM_RX_TIMES and len(body) >= _RX_TIMES.size:
+                nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(body)
+                ends.setdefault(off, {}).update(rx_stages(nic, netif, dr, flags))
+            elif kind == ITEM_WALK_END and len(body) >= 6:
+                how = body[4]
+                self.walk_stops[how] = self.walk_stops.get(how, 0) + 1
+        if cursor < moved:
+            view.append((cursor, moved - cursor))
+        return view, ends
 
 
 @dataclass(slots=True)

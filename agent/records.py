@@ -94,3 +94,27 @@ MESSAGES_SCHEMA = pa.schema([
     ("cwnd_wait_ns", _ts), ("rwnd_wait_ns", _ts), ("qdisc_wait_ns", _ts),
     ("connect_wait_ns", _ts),
 ])
+
+
+# One row per TCP connection a traced process opened or accepted, from the
+# netstack probe's life-cycle events (connect()/accept() calls, TCP state
+# changes, retransmissions). Times are CLOCK_MONOTONIC ns of the host; null when
+# the agent did not see that step (the connection predates it, or is still open).
+CONNECTIONS_SCHEMA = pa.schema([
+    ("host_id", pa.string()), ("netns_ino", pa.uint32()),
+    ("pid", pa.int32()),                  # the process that connected / accepted (when known)
+    ("role", pa.string()),                # "connect" | "accept" | "unknown"
+    ("local_ip", pa.string()), ("local_port", pa.int32()),
+    ("remote_ip", pa.string()), ("remote_port", pa.int32()),
+    ("conn_id", pa.string()),             # as in `messages` (the same on both ends)
+    ("isn_local", pa.uint32()), ("isn_remote", pa.uint32()),
+    ("ts_connect_enter_ns", _ts), ("ts_connect_exit_ns", _ts), ("connect_ret", pa.int64()),
+    ("ts_syn_sent_ns", _ts), ("ts_syn_recv_ns", _ts),
+    ("ts_established_ns", _ts),
+    ("handshake_ns", _ts),                # connect() entry (else SYN_SENT) -> ESTABLISHED
+    ("ts_accept_enter_ns", _ts), ("ts_accept_exit_ns", _ts),
+    ("accept_wait_ns", _ts),              # ESTABLISHED -> accept() returned it
+    ("ts_close_ns", _ts),                 # TCP_CLOSE
+    ("retransmits", pa.int64()), ("retransmit_failures", pa.int64()),
+    ("states", pa.string()),              # "STATE@ts_ns,..." every transition seen
+])

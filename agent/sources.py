@@ -284,6 +284,7 @@ class LiveSource:
     sink: Sink
     warn: Callable[[str], None] = field(default=lambda msg: print(f"pslat agent: {msg}", file=sys.stderr))
     overrides: dict[str, int] = field(default_factory=dict)
+    netstack: bool = True   # False: syscalls and framework only (less overhead, no kernel stage times)
 
     def __post_init__(self):
         self.overrides = {"SOCKCALLS_RING_PAGES": SOCKCALLS_RING_PAGES, **self.overrides}
@@ -297,13 +298,14 @@ class LiveSource:
         self.netstack_error: str | None = None
 
     # -- set-up -----------------------------------------------------------
-    def generated(self, netstack: bool = True):
+    def generated(self, netstack: bool | None = None):
         from probes.filters import Filters
         from probes.program import generate
 
         flt = Filters(tgids=self.sel.pids, comms=self.sel.comms, ports=self.sel.ports,
                       netns_inos=self.sel.netns_inos)
-        return generate(kernel_probes(netstack), flt, overrides=self.overrides)
+        use = self.netstack if netstack is None else netstack
+        return generate(kernel_probes(use), flt, overrides=self.overrides)
 
     def _load_kernel_probes(self):
         from probes.loader import ProbeProgram

@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 PSBENCH = ["--servers", "2", "--workers", "2", "--duration-s", "1", "--rate", "20",
            "--keys-per-request", "16", "--key-space", "100000"]
-READY_TIMEOUT_S = 120
+# the probes that landed: sockcalls (prefix payload) and the framework uprobes
+AGENT_FLAGS = ["--no-netstack"]
 
 
 def pyzmq_libzmq() -> Path:
@@ -57,7 +58,7 @@ def main() -> None:
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
         agent = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "agent", "--out", str(tmp / "out"), "--netns", ns,
-             "--lib", str(pyzmq_libzmq()), "--record", str(tmp / "rec.bin")],
+             "--lib", str(pyzmq_libzmq()), "--record", str(tmp / "rec.bin"), *AGENT_FLAGS],
             cwd=ROOT, stderr=subprocess.PIPE, text=True)
         for line in agent.stderr:  # ready signal
             print(line, end="", file=sys.stderr)
