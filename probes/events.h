@@ -194,6 +194,7 @@ struct ns_conn_event {
 	__u16 _pad;
 	__u8  saddr[16];
 	__u8  daddr[16];
+	__u32 _pad2;
 };
 
 #define NS_CALL_CONNECT 1
@@ -205,13 +206,13 @@ struct ns_call_event {
 	__u8  call;          /* NS_CALL_* */
 	__u16 family;
 	__u32 netns_ino;
-	__u64 ts_enter_ns;
+	__u64 ts_enter_ns;   /* 0: an accept() that began before the probe attached */
 	__u64 ts_exit_ns;
 	__u64 sk;            /* connect: the socket; accept: the new socket (0 when the call failed) */
 	__s64 ret;           /* connect: 0 or -errno (-EINPROGRESS for non-blocking); accept: the new fd or -errno */
 	__u32 tgid;
 	__u32 tid;
-	__u32 fd;            /* connect: the socket's fd; accept: the listener's fd */
+	__u32 fd;            /* connect: the socket's fd; accept: the listener's fd (~0 when ts_enter_ns is 0) */
 	__u16 sport;
 	__u16 dport;
 	__u8  saddr[16];

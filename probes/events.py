@@ -364,6 +364,7 @@ class NsConnEvent(NetstackEvent):
         ("_pad", ctypes.c_uint16),
         ("saddr", ctypes.c_uint8 * 16),
         ("daddr", ctypes.c_uint8 * 16),
+        ("_pad2", ctypes.c_uint32),
     ]
 
 

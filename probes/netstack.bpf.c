@@ -164,6 +164,8 @@ int ns_start_xmit(struct bpf_raw_tracepoint_args *ctx)
 		return 0; /* no payload: a pure ACK (or a bare SYN/FIN) ends no message */
 	u64 ts_queue = 0;
 	struct ns_skb *q = ns_skbs.lookup(&skb);
+	if (!q && s->gso_ts_queue_ns && ns_seq_in(seq, s->gso_seq, s->gso_end))
+		ts_queue = s->gso_ts_queue_ns; /* a segment of a software-segmented GSO skb */
 	if (q) {
 		ts_queue = q->ts_queue_ns;
 #if NS_TX_COMPLETION
@@ -223,12 +225,24 @@ static __always_inline void ns_skb_done(u64 skb, struct ns_skb *rec, u8 reason, 
 {
 	u64 sk = rec->sk;
 	u64 ts_xmit = rec->ts_xmit_ns;
+	u64 ts_queue = rec->ts_queue_ns;
 	ns_skbs.delete(&skb);
-	if (!ts_xmit)
-		return; /* freed before the driver saw it (a qdisc drop): the re-send will be seen */
 	struct ns_tx_sock *s = ns_tx_socks.lookup(&sk);
 	if (!s)
 		return;
+	if (!ts_xmit) {
+		/* Freed before the driver saw it. Consumed (not dropped) there: TCP
+		 * always builds GSO skbs, and a device without TSO gets them
+		 * segmented in software, the original consumed before its segments
+		 * are handed over. Dropped: the re-send will be seen. */
+		u32 seq, end;
+		if (reason == NS_TXC_COMPLETED && ts_queue && !ns_tx_range(skb, &seq, &end)) {
+			s->gso_seq = seq;
+			s->gso_end = end;
+			s->gso_ts_queue_ns = ts_queue;
+		}
+		return;
+	}
 	u32 ifindex = 0;
 	for (int i = 0; i < NS_TX_XMIT_SLOTS; i++) {
 		struct ns_xrec *x = &s->x[i];
@@ -290,9 +304,23 @@ static __always_inline struct ns_flow *ns_rx_flow(u64 skb, u32 *seq, u32 *end)
 	return ns_flows.lookup(&k);
 }
 
+/* An skb we saw handed to a driver, now on a receive path: that device
+ * passes skbs to a peer (veth, loopback) and has no TX completion. Checked
+ * at the first receive hook the skb meets: GRO may merge it into another
+ * skb and free it without a tracepoint. */
+static __always_inline void ns_rx_forwarded(u64 skb)
+{
+#if NS_TX_COMPLETION
+	struct ns_skb *sent = ns_skbs.lookup(&skb);
+	if (sent)
+		ns_skb_done(skb, sent, NS_TXC_FORWARDED, 0);
+#endif
+}
+
 int ns_napi_gro(struct bpf_raw_tracepoint_args *ctx)
 {
 	u64 skb = ctx->args[0];
+	ns_rx_forwarded(skb);
 	u32 seq, end;
 	struct ns_flow *f = ns_rx_flow(skb, &seq, &end);
 	if (!f)
@@ -312,13 +340,7 @@ int ns_netif_receive(struct bpf_raw_tracepoint_args *ctx)
 {
 	u64 skb = ctx->args[0];
 	u64 ts = bpf_ktime_get_ns();
-#if NS_TX_COMPLETION
-	/* An skb we saw handed to a driver, now on a receive path: that device
-	 * passes skbs to a peer (veth, loopback) and has no TX completion. */
-	struct ns_skb *sent = ns_skbs.lookup(&skb);
-	if (sent)
-		ns_skb_done(skb, sent, NS_TXC_FORWARDED, 0);
-#endif
+	ns_rx_forwarded(skb);
 	u32 seq, end;
 	struct ns_flow *f = ns_rx_flow(skb, &seq, &end);
 	if (!f)
@@ -596,14 +618,23 @@ int ns_enter_accept4(void *ctx)
 	return ns_call_enter(ctx, NS_CALL_ACCEPT, TP_U64(ctx, NS_TP_ACCEPT4_FD));
 }
 
-int ns_call_exit(void *ctx)
+static __always_inline int ns_call_exit(void *ctx, u8 call)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	struct ns_call *c = ns_calls.lookup(&id);
-	if (!c || c->syscall_nr != TP_S32(ctx, NS_TP_SYSCALL_NR))
+	struct ns_call in = {};
+	if (c && c->syscall_nr == TP_S32(ctx, NS_TP_SYSCALL_NR)) {
+		in = *c;
+		ns_calls.delete(&id);
+	} else if (call == NS_CALL_ACCEPT && process_selected(id >> 32)) {
+		/* Blocked in accept() since before the probe attached (a server
+		 * waiting for its first client): the exit alone says which socket
+		 * it got and when; the entry time is unknown (0). */
+		in.call = call;
+		in.fd = (u32)-1;
+	} else {
 		return 0;
-	struct ns_call in = *c;
-	ns_calls.delete(&id);
+	}
 	struct ns_call_event ev = {};
 	ev.kind = NS_EV_CALL;
 	ev.ts_exit_ns = bpf_ktime_get_ns();
@@ -614,10 +645,11 @@ int ns_call_exit(void *ctx)
 	ev.tid = (u32)id;
 	ev.fd = in.fd;
 	u64 sk = in.sk;
-	if (in.call == NS_CALL_ACCEPT) {
+	if (call == NS_CALL_ACCEPT) {
 		sk = ev.ret >= 0 ? fd_to_tcp_sock((u32)ev.ret) : 0;
-		if (sk)
-			ns_owners.update(&sk, &ev.tgid);
+		if (!sk)
+			return 0;
+		ns_owners.update(&sk, &ev.tgid);
 	}
 	if (sk) {
 		if (!sock_selected(sk))
@@ -625,10 +657,26 @@ int ns_call_exit(void *ctx)
 		ev.sk = sk;
 		ev.netns_ino = sock_netns_ino(sk);
 		FILL_TUPLE(&ev, sk);
-		if (in.call == NS_CALL_ACCEPT)
+		if (call == NS_CALL_ACCEPT) {
+			/* later children of this listener belong to this process */
+			struct ns_listen_key lk = {};
+			lk.netns_ino = ev.netns_ino;
+			lk.port = ev.sport;
+			ns_listeners.update(&lk, &ev.tgid);
 			ns_track(sk);
+		}
 	}
 	bpf_get_current_comm(&ev.comm, sizeof(ev.comm));
 	ns_emit(&ev, sizeof(ev));
 	return 0;
+}
+
+int ns_exit_connect(void *ctx)
+{
+	return ns_call_exit(ctx, NS_CALL_CONNECT);
+}
+
+int ns_exit_accept(void *ctx)
+{
+	return ns_call_exit(ctx, NS_CALL_ACCEPT);
 }

@@ -48,7 +48,8 @@ def _probe(tx_completion: bool) -> Probe:
         attach=(
             *(Attach("raw_tracepoint", tp, fn) for tp, fn in raw.items()),
             *(Attach("tracepoint", tp, fn) for fn, (tp, _) in _CALL_ENTERS.items()),
-            *(Attach("tracepoint", tp, "ns_call_exit") for tp in _CALL_EXITS),
+            Attach("tracepoint", "syscalls:sys_exit_connect", "ns_exit_connect"),
+            *(Attach("tracepoint", tp, "ns_exit_accept") for tp in _CALL_EXITS[1:]),
         ),
         event=NetstackEvent,
         ring="ns_events",
@@ -95,7 +96,9 @@ def _probe(tx_completion: bool) -> Probe:
             "NS_SOCKS_MAX": (4096, 64, 1 << 20),  # tracked sockets (~3 KiB of rings each, 2 maps + flow)
             "NS_SKBS_MAX": (16384, 256, 1 << 22),  # skbs between qdisc and TX completion
             "NS_THREADS_MAX": (4096, 64, 1 << 20),  # threads followed by the sched hooks
-            "NS_TX_XMIT_SLOTS_LOG2": (5, 2, 8),  # last 32 skbs handed to the driver, per socket
+            # last 64 skbs handed to the driver, per socket: segments, when the
+            # device has no TSO (TCP's GSO skbs are then segmented in software)
+            "NS_TX_XMIT_SLOTS_LOG2": (6, 2, 8),
             "NS_TX_EXPECT_SLOTS_LOG2": (4, 2, 8),  # 16 message ends waiting, per socket
             "NS_RX_SLOTS_LOG2": (6, 2, 9),  # last 64 segments received, per flow
             "NS_DR_SLOTS_LOG2": (5, 2, 8),  # last 32 data-ready wake-ups, per socket

@@ -132,6 +132,12 @@ struct ns_tx_sock {
 	u32 scan_idx;   /* loop result of ns_tx_expect_end (see "Verifier" above) */
 	u8 have_max;
 	u8 _pad[3];
+	/* The last GSO skb segmented in software (validate_xmit_skb consumes it
+	 * before its segments, new skbs, reach the driver): its range and qdisc
+	 * entry time, which its segments inherit. */
+	u32 gso_seq;
+	u32 gso_end;
+	u64 gso_ts_queue_ns;
 	struct ns_xrec x[NS_TX_XMIT_SLOTS];
 	struct ns_expect e[NS_TX_EXPECT_SLOTS];
 };
