@@ -1,0 +1,158 @@
+"""agent.correlate: framework records matched to wire messages exactly by ids (in
+any arrival order, slices of one request told apart by their bytes and keys,
+identical twins left unmatched with a reason until a socket binding settles
+them), node ids learnt mid-stream, netstack send times, rows' null reasons."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from agent import correlate
+from agent.correlate import Correlator
+from agent.decode import SockcallAssembler, StreamDecoder
+from parsers.pslite.encode import MessageSpec, encode_stream, message_bytes
+from probes.framework import FrameworkMessage, MetaIds
+from test_agent_decode import ISN_C, ISN_S, SERVER, record
+
+WORKER_A, WORKER_B = ("10.0.0.1", 40000), ("10.0.0.3", 40001)
+NS = 4026531840
+
+
+class Rig:
+    """A decoder and a correlator; rows collected."""
+
+    def __init__(self, netstack=False):
+        self.rows = []
+        self.asm, self.dec = SockcallAssembler("prefix"), StreamDecoder()
+        self.cor = Correlator(lambda ino, row: self.rows.append(row), lambda ino: f"h{ino}",
+                              netstack_on=netstack)
+
+    def send(self, specs, *, local, remote=SERVER, tx=True, ts=10_000, tgid=100, identity=b"ps9",
+             handshake=True, sk=1, isns=(ISN_C, ISN_S), offset=0):
+        data, _ = encode_stream(specs, identity=identity, handshake=handshake)
+        isn = isns[0] if tx else isns[1]
+        r = record(tx, isn + 1 + offset, len(data), data[:256], ts=ts, tgid=tgid, local=local,
+                   remote=remote, sk=sk, isns=isns)
+        for wm in self.dec.feed(self.asm.feed(r)):
+            self.cor.on_message(wm)
+
+    def fw(self, spec: MessageSpec, *, direction="send", ts=9_000, tgid=100, sock=0x51, peer=None):
+        frames = spec.frames()
+        sizes = tuple(len(f) for f in frames)
+        m = spec.meta()
+        meta = MetaIds(app_id=m.app_id, customer_id=m.customer_id, timestamp=m.timestamp,
+                       request=m.request, push=m.push)
+        if peer is not None:
+            sizes, frames = (len(peer),) + sizes, [peer] + frames
+        self.cor.on_framework(FrameworkMessage(
+            layer="zmq", direction=direction, tgid=tgid, tid=tgid + 1, sock=sock, ts_ns=ts, call_ts_ns=ts,
+            ret_ts_ns=ts + 100, first_ret_ts_ns=ts + 50, total_bytes=sum(sizes), frames=len(sizes),
+            peer=peer, meta=meta, frame_sizes=sizes, frame_heads=tuple(f[:64] for f in frames)))
+
+    def close(self):
+        self.cor.close()
+        return self.rows
+
+
+def slice_(ts, keys, push=False):
+    return MessageSpec(timestamp=ts, push=push, keys=keys, vals=b"")
+
+
+def test_slices_of_one_request_are_matched_by_their_keys_not_by_order():
+    rig = Rig()
+    a, b = slice_(0, [1, 2, 3]), slice_(0, [900, 901, 902])   # same ids, same sizes
+    # the records come in the opposite order from the wire messages
+    rig.fw(b, ts=5_000, sock=0xB)
+    rig.fw(a, ts=6_000, sock=0xA)
+    rig.send([a], local=WORKER_A, remote=("10.0.0.2", 9000), sk=1)
+    rig.send([b], local=WORKER_A, remote=("10.0.0.4", 9000), sk=2, isns=(ISN_C + 7, ISN_S))
+    rows = {r["remote_ip"]: r for r in rig.close()}
+    assert rows["10.0.0.2"]["ts_framework_ns"] == 6_000
+    assert rows["10.0.0.4"]["ts_framework_ns"] == 5_000
+    assert rig.cor.counters["framework_matched"] == 2
+
+
+def test_identical_twins_stay_unmatched_with_a_reason_until_a_binding_settles_them():
+    rig = Rig()
+    twin = MessageSpec(timestamp=3, request=False, push=True)   # empty push responses
+    rig.fw(twin, sock=0xA, ts=1_000)
+    rig.fw(twin, sock=0xB, ts=2_000)
+    rig.send([twin], local=SERVER, remote=WORKER_A, sk=1, identity=b"ps8")
+    rig.send([twin], local=SERVER, remote=WORKER_B, sk=2, identity=b"ps8", isns=(ISN_C + 9, ISN_S))
+    rows = rig.close()
+    assert [r["ts_framework_ns"] for r in rows] == [None, None]
+    assert all("told apart" in r["null_reasons"] for r in rows)
+
+    rig = Rig()
+    # a pull response with data goes out on each socket first: that binds socket -> connection
+    for sock, worker, sk, keys, ts in ((0xA, WORKER_A, 1, [5], 100), (0xB, WORKER_B, 2, [7], 200)):
+        first = MessageSpec(timestamp=1, request=False, push=False, keys=keys, vals=b"x" * 4)
+        rig.fw(first, sock=sock, ts=ts)
+        rig.send([first], local=SERVER, remote=worker, sk=sk, identity=b"ps8",
+                 isns=(ISN_C + sk, ISN_S), ts=ts + 10)
+    rig.cor.now_ns += correlate.SETTLE_NS * 2
+    rig.cor.step()
+    rig.fw(twin, sock=0xB, ts=3_000)
+    rig.fw(twin, sock=0xA, ts=4_000)
+    off = len(encode_stream([first], identity=b"ps8")[0])
+    for worker, sk in ((WORKER_A, 1), (WORKER_B, 2)):
+        data = message_bytes(twin.frames())
+        r = record(True, ISN_C + sk + 1 + off, len(data), data, ts=rig.cor.now_ns, local=SERVER, remote=worker,
+                   sk=sk, isns=(ISN_C + sk, ISN_S))
+        for wm in rig.dec.feed(rig.asm.feed(r)):
+            rig.cor.on_message(wm)
+    rows = rig.close()
+    got = {(r["remote_ip"], r["timestamp"]): r["ts_framework_ns"] for r in rows}
+    assert got == {("10.0.0.1", 1): 100, ("10.0.0.3", 1): 200, ("10.0.0.1", 3): 4_000, ("10.0.0.3", 3): 3_000}
+
+
+def test_sender_learnt_from_the_routing_id_when_ready_was_missed():
+    """Joined mid-stream: no READY. The server's framework record of the request names
+    the worker ("ps9"); the same connection's other end (another host, same agent)
+    then knows its sender, and the worker process its own id for its received rows."""
+    rig = Rig()
+    req = slice_(4, [1, 2])
+    rig.fw(req, direction="recv", tgid=200, ts=20_000, peer=b"ps9", sock=0xC)
+    # the server host's receive (no handshake seen), and the worker host's send
+    rig.send([req], local=SERVER, remote=WORKER_A, tx=False, tgid=200, handshake=False, sk=5, ts=19_000,
+             offset=500)
+    rig.send([req], local=WORKER_A, remote=SERVER, tx=True, tgid=100, handshake=False, sk=6, ts=18_000,
+             offset=500)
+    resp = MessageSpec(timestamp=4, request=False, push=False, keys=[1, 2], vals=b"v" * 8)
+    rig.send([resp], local=("10.0.0.1", 9001), remote=("10.0.0.2", 50000), tx=False, tgid=100,
+             handshake=False, sk=7, ts=21_000, offset=300)
+    rows = rig.close()
+    by = {(r["direction"], r["pid"], r["request"]): r for r in rows}
+    assert by[("rx", 200, True)]["sender"] == 9
+    assert by[("tx", 100, True)]["sender"] == 9
+    assert by[("rx", 100, False)]["recver"] == 9     # the worker's own id, from its DEALER
+    assert by[("rx", 200, True)]["ts_framework_ns"] == 20_000
+
+
+def test_netstack_send_times_join_by_socket_and_end_sequence():
+    rig = Rig(netstack=True)
+    m = slice_(0, [1])
+    rig.send([m], local=WORKER_A, sk=9)
+    [w] = [p for ps in rig.cor._wires.values() for p in ps]
+    end = w.wm.seq_end
+    tx = type("Ev", (), dict(kind=1, sk=9, end_seq=end, flags=0, ts_queue_ns=11_000, ts_xmit_ns=11_500))
+    done = type("Ev", (), dict(kind=2, sk=9, end_seq=end, reason=correlate.NS_TXC_FORWARDED, ts_done_ns=0))
+    rig.cor.on_netstack(tx)
+    rig.cor.on_netstack(done)
+    [row] = rig.close()
+    assert row["ts_xmit_last_ns"] == 11_500 and row["qdisc_wait_ns"] == 500
+    assert row["ts_txdone_last_ns"] is None and "no TX completion" in row["null_reasons"]
+    assert "netstack" not in row["null_reasons"]
+
+
+def test_without_netstack_kernel_stages_are_null_with_the_reason():
+    rig = Rig()
+    rig.send([slice_(0, [1])], local=WORKER_A)
+    [row] = rig.close()
+    assert row["ts_framework_ns"] is None
+    reasons = dict(x.split("=", 1) for x in row["null_reasons"].split(";"))
+    assert reasons["ts_xmit_last_ns"] == correlate.R_NO_NETSTACK
+    assert reasons["ts_framework_ns"] == correlate.R_NO_FW_PROBE
+    assert row["ts_send_first_enter_ns"] == 10_000 and row["ts_send_last_exit_ns"] == 10_500
+    assert row["op"] == "pull" and row["num_keys"] == 1 and row["sender"] == 9
