@@ -229,7 +229,7 @@ struct ns_call_event {
 #define NS_RX_F_NETIF_MISSING  0x0020 /* no record of the segment (arrived before the flow was tracked, or not seen) */
 #define NS_RX_F_DR_OVERWRITTEN 0x0040 /* the data-ready found may not be the first: older ones were pushed out of the ring */
 #define NS_RX_F_DR_MISSING     0x0080 /* no data-ready at or past end_seq on record */
-#define NS_RX_F_DUPLICATE      0x0100 /* the segment arrived more than once (retransmission): the first arrival is reported */
+#define NS_RX_F_DUPLICATE      0x0100 /* the segment arrived more than once (retransmission): reported is the last arrival before the data-ready (the one that delivered it), or the first without one */
 #define NS_RX_F_UNTRACKED      0x0200 /* the socket was not tracked before this call (tracking starts now) */
 #define NS_RX_F_NOT_LOADED     0x8000 /* the netstack probe is not part of this program */
 

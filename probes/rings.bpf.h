@@ -31,7 +31,8 @@
  *
  *   int ns_rx_lookup_end(u64 sk, u32 end_seq, struct ns_rx_times *out)
  *       At recv syscall exit, for a message ending at end_seq: NAPI and
- *       netif_receive times of the segment carrying byte end_seq-1 and the
+ *       netif_receive times of the segment carrying byte end_seq-1 (of the
+ *       arrival that delivered it, when it arrived more than once) and the
  *       first data-ready after which rcv_nxt >= end_seq; out->flags says
  *       which were found and why not. Returns 0 when the socket was tracked,
  *       -1 when it was not (tracking starts then; out->flags has
@@ -452,13 +453,19 @@ static __always_inline int ns_rx_lookup_end(u64 sk, u32 end_seq, struct ns_rx_ti
 		ns_count(NS_COUNTER_RX_DR_MISSING);
 	}
 
-	/* The segment: its first arrival. Oldest record first. */
+	/* The segment. Arrived more than once (a retransmission), the arrival
+	 * that delivered the data is the last one before the data-ready that
+	 * covered it: an earlier one was dropped on the way up (tc, netfilter,
+	 * socket filter, checksum), and a spurious re-send arrives after the
+	 * data-ready. Without a data-ready: the first arrival. Oldest record
+	 * first. */
 	struct ns_flow *f = ns_flows.lookup(&rs->key);
 	if (!f) {
 		out->flags |= NS_RX_F_NETIF_MISSING;
 		ns_count(NS_COUNTER_RX_NETIF_MISSING);
 		return 0;
 	}
+	u64 dr_ts = out->ts_data_ready_ns;
 	u32 fh = f->head;
 	u32 start = fh - (fh < NS_RX_SLOTS ? fh : NS_RX_SLOTS);
 	rs->scan_hits = 0;
@@ -467,7 +474,7 @@ static __always_inline int ns_rx_lookup_end(u64 sk, u32 end_seq, struct ns_rx_ti
 		u32 idx = (start + i) & (NS_RX_SLOTS - 1);
 		struct ns_rxrec *r = &f->r[idx];
 		if (r->ts_netif_ns && ns_seq_in(last, r->seq, r->end)) {
-			if (!NS_MEM(rs->scan_hits))
+			if (!NS_MEM(rs->scan_hits) || (dr_ts && r->ts_netif_ns <= dr_ts))
 				NS_MEM(rs->scan_idx) = idx;
 			NS_MEM(rs->scan_hits) += 1;
 		}

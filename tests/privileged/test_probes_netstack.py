@@ -14,7 +14,11 @@ read ns_window_state. Checks:
   wire time-out <= netif <= data-ready <= recv exit;
 - life cycle: connect/accept calls and SYN_SENT -> ESTABLISHED with a
   handshake of about two wire delays, ISNs that agree across the ends, close;
-- the reading thread's scheduler state.
+- the reading thread's scheduler state;
+- a retransmission: the server's socket drops the first copy of one
+  message's only segment (a socket filter, after netif_receive), so the
+  client re-sends it: a second TX event flagged RETRANS, a retransmit event,
+  and the RX lookup reports the arrival that delivered the data.
 A second test uses a namespace pair of its own with GRO on (veth then uses
 NAPI) to check the NAPI times.
 
@@ -38,6 +42,9 @@ WIRE_DELAY_MS = 1.0
 SIZES = [100, 90_000, 100, 90_000, 100, 90_000]  # 1 segment, 63 segments (MSS 1448)
 REPLY_BYTES = 200
 PEER_TIMEOUT_S = 60
+DROP_ROUND = 4  # its message (one segment) is filled with DROP_MARK; the server drops its first copy
+DROP_MARK = 0xEE
+SO_ATTACH_BPF = 50
 
 
 # ---------------------------------------------------------------- peer side
@@ -54,10 +61,25 @@ def recv_exactly(sock: socket.socket, n: int) -> None:
         got += len(data)
 
 
-def peer_server() -> None:
+def borrowed_fd(pid: int, fd: int) -> int:
+    """Another process's file descriptor, duplicated into this one (pidfd_getfd)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        got = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd
+        if got < 0:
+            raise OSError(ctypes.get_errno(), "pidfd_getfd")
+        return got
+    finally:
+        os.close(pidfd)
+
+
+def peer_server(filter_from: tuple[int, int] | None) -> None:
     lst = socket.create_server(("0.0.0.0", 0))
     emit({"ready": True, "pid": os.getpid(), "port": lst.getsockname()[1]})
     conn, _ = lst.accept()
+    if filter_from:  # the test's drop-once socket filter
+        conn.setsockopt(socket.SOL_SOCKET, SO_ATTACH_BPF, borrowed_fd(*filter_from))
     for n in SIZES:
         recv_exactly(conn, n)
         conn.sendall(b"r" * REPLY_BYTES)
@@ -71,7 +93,7 @@ def peer_client(addr: str, port: int) -> None:
     assert sys.stdin.readline().strip() == "go"
     c = socket.create_connection((addr, port))
     for i, n in enumerate(SIZES):
-        c.sendall(bytes([i]) * n)
+        c.sendall(bytes([DROP_MARK if i == DROP_ROUND else i]) * n)
         recv_exactly(c, REPLY_BYTES)
     c.close()
     emit({"done": True})
@@ -80,7 +102,7 @@ def peer_client(addr: str, port: int) -> None:
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "server":
-        peer_server()
+        peer_server((int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 2 else None)
     elif role == "client":
         peer_client(sys.argv[2], int(sys.argv[3]))
     else:
@@ -151,6 +173,38 @@ static __always_inline int h_exit(s64 ret, u8 send)
 int h_exit_sendto(struct tracepoint__syscalls__sys_exit_sendto *args) { return h_exit(args->ret, 1); }
 int h_exit_recvfrom(struct tracepoint__syscalls__sys_exit_recvfrom *args) { return h_exit(args->ret, 0); }
 """
+
+
+# Socket filter for the server's connection: drops the first segment whose
+# payload starts with DROP_MARK, once. At the socket, skb->data is the TCP
+# header; returning 0 drops the packet.
+DROP_ONCE = r"""
+BPF_ARRAY(dropped, u32, 1);
+int drop_once(struct __sk_buff *skb)
+{
+	u8 th[13];
+	if (bpf_skb_load_bytes(skb, 0, th, sizeof(th)) < 0)
+		return -1;
+	u32 doff = (th[12] >> 4) * 4;
+	u8 first = 0;
+	if (skb->len <= doff || bpf_skb_load_bytes(skb, doff, &first, 1) < 0 || first != DROP_MARK)
+		return -1;
+	int zero = 0;
+	u32 *d = dropped.lookup(&zero);
+	if (!d || *d)
+		return -1;
+	*d = 1;
+	return 0;
+}
+"""
+
+
+def drop_once_filter():
+    """(bcc object to keep alive, program fd) of the drop-once socket filter."""
+    import bcc
+
+    b = bcc.BPF(text=DROP_ONCE.encode(), cflags=[f"-DDROP_MARK={DROP_MARK}"])
+    return b, b.load_func(b"drop_once", bcc.BPF.SOCKET_FILTER).fd
 
 
 def harness_event_type():
@@ -271,12 +325,12 @@ def u32_in(x: int, start: int, end: int) -> bool:
     return (x - start) % 2**32 < (end - start) % 2**32
 
 
-def covering_frame(frames, sport: int, last_seq: int):
-    """The first wire frame from `sport` whose payload carries byte last_seq."""
+def covering_frame(frames, sport: int, last_seq: int, last: bool = False):
+    """The first (or last) wire frame from `sport` whose payload carries byte last_seq."""
     rows = frames[(frames.sport == sport) & (frames.payload_bytes > 0)]
     hit = rows[((last_seq - rows.seq) % 2**32) < rows.payload_bytes]
     assert len(hit), f"no wire frame from port {sport} carries seq {last_seq}"
-    return hit.sort_values("t_in_mono_ns").iloc[0]
+    return hit.sort_values("t_in_mono_ns").iloc[-1 if last else 0]
 
 
 @pytest.mark.privileged
@@ -285,10 +339,11 @@ def test_netstack_in_cluster(tmp_path):
     from probes.filters import Filters
     from workloads.cluster.cluster import Cluster
 
+    drop_obj, drop_fd = drop_once_filter()
     with Cluster(2, wire_delay_ms=WIRE_DELAY_MS, log_dir=tmp_path / "cluster", wait_s=300) as cl:
         h0, h1 = cl.host("h0"), cl.host("h1")
         traced, server_pid, client_pid, port = run_exchange(
-            cl.command(h1, [sys.executable, __file__, "server"]),
+            cl.command(h1, [sys.executable, __file__, "server", str(os.getpid()), str(drop_fd)]),
             cl.command(h0, [sys.executable, __file__, "client"]), h1.addr,
             lambda p: Filters.build(netns=[h0.netns, h1.netns], ports=[p]), tmp_path)
         try:
@@ -296,6 +351,7 @@ def test_netstack_in_cluster(tmp_path):
             counters = traced.prog.counters()["netstack"]
         finally:
             traced.close()
+            drop_obj.cleanup()
 
     hev, nev = traced.h_events, traced.ns_events
     sends = [h for h in hev if h.send]
@@ -362,6 +418,21 @@ def test_netstack_in_cluster(tmp_path):
           f"max {xmit_to_wire_us[-1]:.1f} us over {len(xmit_to_wire_us)} ends")
     assert xmit_to_wire_us[-1] < 5000
 
+    # -- the forced retransmission --------------------------------------------------
+    resent = [e for e in by_kind[E.NsEventKind.TX] if e.flags & E.NS_TX_F_RETRANS]
+    dropped = [h for h in sends if h.sk == client_sk and h.ret == SIZES[DROP_ROUND]
+               and tx_by_id[h.msg_id].msg_id in {e.msg_id for e in resent}]
+    assert len(dropped) == 1, [e.as_record() for e in resent]
+    dropped = dropped[0]
+    first, again = tx_by_id[dropped.msg_id], next(e for e in resent if e.msg_id == dropped.msg_id)
+    assert (again.sk, again.end_seq, again.nr_xmit) == (client_sk, dropped.seq_end, 2)
+    assert first.ts_xmit_ns < again.ts_xmit_ns and u32_in(dropped.seq_end - 1, again.skb_seq, again.skb_end_seq)
+    rtx = [e for e in by_kind[E.NsEventKind.RETRANS]
+           if e.sk == client_sk and u32_in(dropped.seq_end - 1, e.seq, e.end_seq)]
+    assert rtx and rtx[0].err == 0 and first.ts_xmit_ns < rtx[0].ts_ns
+    print(f"retransmission of message {dropped.msg_id}: "
+          f"{(again.ts_xmit_ns - first.ts_xmit_ns) / 1e6:.2f} ms after the first handoff")
+
     # -- window state at send exit ----------------------------------------------------
     for h in sends:
         w = h.win
@@ -374,12 +445,16 @@ def test_netstack_in_cluster(tmp_path):
     for h in recvs:
         r = h.rx
         want = E.NS_RX_F_NETIF | E.NS_RX_F_DATA_READY | E.NS_RX_F_NO_NAPI
+        was_dropped = h.sk == server_sk and h.seq_end == dropped.seq_end
+        if was_dropped:  # both copies arrived; the second delivered the data
+            want |= E.NS_RX_F_DUPLICATE
+            assert r.ts_netif_ns > again.ts_xmit_ns
         assert r.flags == want, (hex(r.flags), h.ret)
         assert r.ts_nic_ns == 0
         assert r.ts_netif_ns <= r.ts_data_ready_ns <= h.ts_exit_ns
         assert (r.data_ready_rcv_nxt - h.seq_end) % 2**32 < 2**31  # rcv_nxt >= end
         peer_port = port_of[server_sk] if h.sk == client_sk else port_of[client_sk]
-        frame = covering_frame(wire, peer_port, h.seq_end - 1)
+        frame = covering_frame(wire, peer_port, h.seq_end - 1, last=was_dropped)
         assert frame.t_out_mono_ns <= r.ts_netif_ns, (frame, r.ts_netif_ns)
         netif_after_wire_us.append((r.ts_netif_ns - frame.t_out_mono_ns) / 1e3)
     netif_after_wire_us.sort()
