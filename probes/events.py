@@ -262,15 +262,6 @@ class NetstackEvent(ctypes.Structure):
         """Decode from the (pointer, size) bcc hands a ring-buffer callback."""
         return cls.decode(ctypes.string_at(data_ptr, size_bytes))
 
-    def items(self) -> list[tuple[SockcallItem, bytes]]:
-        """payload[] decoded into its items (events.h: what the ZMTP walker says)."""
-        return decode_items(self.payload_data)
-
-    @property
-    def continued(self) -> bool:
-        """More records of this call follow (its items did not fit in one)."""
-        return bool(self.flags & SOCKCALL_F_CONTINUED)
-
     def as_record(self) -> dict:
         """A plain record: every field, addresses as text, arrays as bytes."""
         out = {}
