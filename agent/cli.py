@@ -26,6 +26,7 @@ def _register() -> None:
     app.add_typer(cluster_app, name="cluster")
     app.add_typer(psbench_app, name="psbench")
     app.command("demo")(demo)
+    app.command("report")(__import__("reports.report_cli", fromlist=["report"]).report)
     app.command("agent")(__import__("agent.agent_cli", fromlist=["agent"]).agent)
 
 

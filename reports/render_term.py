@@ -1,0 +1,127 @@
+"""The report on a terminal: a compact table per op, from the JSON summary.
+
+    console.print(SummaryView(summary_dict))
+
+Drawn from the summary (reports.summary), so what the screen shows is what the
+JSON says. Fits 100 columns and reads the same without colour (emphasis is
+bold/dim only, never colour alone).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.table import Table
+from rich.text import Text
+
+from reports import components as C
+
+GROUP_LABELS = {"host": "host (user + kernel)", "nic": "nic", "wire": "wire",
+                C.NETWORK_AND_REMOTE: C.NETWORK_AND_REMOTE, C.UNSPLIT: C.UNSPLIT}
+
+
+def _us(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 10_000:
+        return f"{x / 1e3:,.1f} ms"
+    return f"{x:,.1f}"
+
+
+def _row(t: Table, label: str, st: dict | None, e2e_mean: float | None, n: int | None, total: int,
+         style: str = "") -> None:
+    if st is None:
+        t.add_row(Text(label, style=style), "-", "-", "-", "", style="dim")
+        return
+    if n is not None and n < total:
+        share = f"n={n:,}"   # a share of the e2e would mislead: other requests lack this one
+    else:
+        share = "" if not e2e_mean else f"{100 * st['mean'] / e2e_mean:.0f}%"
+    t.add_row(Text(label, style=style), _us(st["mean"]), _us(st["p50"]), _us(st["p99"]), share)
+
+
+def op_table(op: str, s: dict[str, Any]) -> Table:
+    t = Table(title=Text(f"{op}: {s['count']:,} requests", style="bold"), title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1))
+    t.add_column("us", min_width=28)
+    for h in ("mean", "p50", "p99"):
+        t.add_column(h, justify="right", min_width=9)
+    t.add_column("of e2e", justify="right", min_width=6)
+    e2e = s.get("e2e_us")
+    mean = e2e["mean"] if e2e else None
+    total, counts = s["count"], s.get("counts", {})
+    _row(t, "end-to-end", e2e, None, None, total, "bold")
+    for g, st in s["groups_us"].items():
+        _row(t, GROUP_LABELS.get(g, g), st, mean, counts.get(f"group_{g}"), total, "bold")
+    t.add_section()
+    comps, subs = s["components_us"], s["subcomponents_us"]
+    for c in C.COMPONENTS:
+        if c not in comps:
+            continue
+        _row(t, c, comps[c], mean, counts.get(c), total)
+        for sub in C.SUBCOMPONENTS.get(c, ()):
+            if sub in subs:
+                _row(t, f"  {sub}", subs[sub], mean, counts.get(sub), total, "dim")
+    return t
+
+
+def clock_table(clock: dict[str, Any]) -> Table:
+    t = Table(title=Text("clocks (offset: add to B's times to get A's)", style="bold"), title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1))
+    for h, j in (("A~B", "left"), ("source", "left"), ("offset us", "right"), ("drift ppm", "right"),
+                 ("+- us", "right"), ("samples", "right")):
+        t.add_column(h, justify=j)
+    for key, c in clock.items():
+        t.add_row(key, c["source"], _us(c["offset_us"]),
+                  "-" if c["drift_ppm"] is None else f"{c['drift_ppm']:.2f}",
+                  _us(c["uncertainty_us"]), f"{c.get('samples', 0):,}")
+    return t
+
+
+def _by_host(title: str, by: dict[str, Any]) -> Table:
+    t = Table(title=Text(title, style="bold"), title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False, show_edge=False, padding=(0, 1))
+    t.add_column("host")
+    for h in ("count", "e2e p50", "e2e p99", "host p50", "nic p50", "wire p50"):
+        t.add_column(h, justify="right")
+    for host, b in by.items():
+        e2e, g = b["e2e_us"] or {}, b["groups_us"]
+        t.add_row(host, f"{b['count']:,}", _us(e2e.get("p50")), _us(e2e.get("p99")),
+                  *(_us((g.get(k) or {}).get("p50")) for k in ("host", "nic", "wire")))
+    return t
+
+
+class SummaryView:
+    """A rich renderable of reports.summary.summary()'s dict."""
+
+    def __init__(self, summary: dict[str, Any], per_host: bool = True):
+        self.s = summary
+        self.per_host = per_host
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        s = self.s
+        u = s["unmatched"]
+        yield Text.assemble(("pslat report", "bold"), f": {len(s['hosts'])} hosts ({', '.join(s['hosts'])}); "
+                            f"{s['requests']:,} requests paired; without response "
+                            f"{u['requests_without_response']:,}, responses without request "
+                            f"{u['messages_without_request']:,}, messages without ids "
+                            f"{u['messages_unparsed']:,}")
+        if s["clock"]:
+            yield clock_table(s["clock"])
+        for op, o in s["by_op"].items():
+            yield op_table(op, o)
+            if self.per_host and (len(o["by_server"]) > 1 or len(o["by_worker"]) > 1):
+                yield Group(_by_host(f"{op} by server", o["by_server"]),
+                            _by_host(f"{op} by worker", o["by_worker"]))
+        if not s["by_op"]:
+            yield Text("no request with both its ends measured on the worker", style="bold")
+        neg = s.get("negative_components") or {}
+        if neg:
+            yield Text("negative components (kept, not clamped: clock error or non-causal stage times): "
+                       + ", ".join(f"{k} {v:,}" for k, v in neg.items()))
+        for title, lines in (("notes", s.get("notes") or []), ("problems with the input", s.get("problems") or [])):
+            if lines:
+                yield Text(title, style="bold")
+                for line in lines:
+                    yield Text(f"- {line}")

@@ -1,0 +1,111 @@
+"""`pslat report RUN_DIR...`: where each push/pull's latency went, across hosts."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from agent.errors import UserError
+
+FORMATS = ("term", "json", "parquet", "csv")
+EXTENSIONS = {".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "term"}
+TERM_WIDTH_FILE = 100
+
+
+def pick_format(fmt: str | None, output: Path | None) -> str:
+    """--format, else the output file's extension, else term (see `pslat report --help`)."""
+    if fmt is not None:
+        fmt = fmt.lower()
+        if fmt not in FORMATS:
+            raise UserError(f"--format {fmt}: give one of {', '.join(FORMATS)}")
+    elif output is not None:
+        fmt = EXTENSIONS.get(output.suffix.lower())
+        if fmt is None:
+            raise UserError(f"-o {output}: cannot tell the format from '{output.suffix or 'no extension'}'; "
+                            f"name it .json/.parquet/.csv/.txt or give --format")
+    else:
+        fmt = "term"
+    if fmt in ("parquet", "csv") and output is None:
+        raise UserError(f"--format {fmt} writes the per-request table to a file: give -o FILE")
+    return fmt
+
+
+def request_table(requests):
+    """The per-request table as written: ids, op, hosts, keys, bytes, every component in us."""
+    import numpy as np
+    import pandas as pd
+
+    from reports import components as C
+
+    out = requests.drop(columns=["start_ns"]).copy()
+    out.insert(0, "start_ns", requests["start_ns"])          # the worker's CLOCK_MONOTONIC
+    ns_cols = C.COMPONENTS + C.SUBS + [f"group_{g}" for g in C.GROUPS] + ["e2e"]
+    for c in ns_cols:
+        out[f"{c}_us"] = requests[c].to_numpy(dtype=np.float64, na_value=np.nan) / 1e3
+    out = out.drop(columns=ns_cols)
+    for c in out.columns:
+        if isinstance(out[c].dtype, pd.CategoricalDtype):
+            out[c] = out[c].astype(object)
+    return out
+
+
+def report(
+    run_dirs: List[Path] = typer.Argument(..., help="run dirs of one run, one per host (or the dir "
+                                          "`pslat agent --out DIR` wrote)", show_default=False),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="term | json (the summary) | parquet | csv "
+                                      "(one row per request); default: from -o's extension, else term",
+                                      rich_help_panel="Output", show_default=False),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write to FILE instead of the screen",
+                                          rich_help_panel="Output", show_default=False),
+    clocks: str = typer.Option("auto", "--clocks", help="auto: use shared or disciplined clocks when "
+                               "meta.json says so, else estimate from the traffic; estimate: always "
+                               "from the traffic", rich_help_panel="Clocks"),
+) -> None:
+    """Pair both ends of every push/pull across hosts and split its latency into host, NIC and wire."""
+    from rich.console import Console
+
+    from reports.dissect import dissect
+    from reports.render_term import SummaryView
+    from reports.summary import summary
+
+    if clocks not in ("auto", "estimate"):
+        raise UserError(f"--clocks {clocks}: give auto or estimate")
+    fmt = pick_format(fmt, output)
+    d = dissect(list(run_dirs), force_estimate=clocks == "estimate")
+    err = Console(stderr=True, highlight=False)
+    if fmt == "term" and output is None:
+        Console(highlight=False).print(SummaryView(summary(d)))
+        return
+    for p in d.problems:   # the screen view shows them; a file does not reach the user's eyes
+        err.print(f"pslat report: warning: {p}", markup=False)
+    if fmt == "json":
+        text = json.dumps(summary(d), indent=1) + "\n"
+        if output is None:
+            sys.stdout.write(text)
+            return
+        _write(output, lambda f: f.write(text))
+    elif fmt == "term":
+        _write(output, lambda f: Console(file=f, width=TERM_WIDTH_FILE, color_system=None,
+                                         highlight=False).print(SummaryView(summary(d))))
+    else:
+        table = request_table(d.requests)
+        if fmt == "csv":
+            _write(output, lambda f: table.to_csv(f, index=False))
+        else:
+            try:
+                table.to_parquet(output, index=False)
+            except OSError as e:
+                raise UserError(f"cannot write {output}: {e.strerror or e}") from None
+    err.print(f"pslat report: wrote {output} ({fmt}, {len(d.requests):,} requests)", markup=False)
+
+
+def _write(path: Path, fill) -> None:
+    try:
+        with open(path, "w", newline="") as f:
+            fill(f)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}; check the directory exists and is writable") \
+            from None
