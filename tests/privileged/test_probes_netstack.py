@@ -20,7 +20,8 @@ read ns_window_state. Checks:
   client re-sends it: a second TX event flagged RETRANS, a retransmit event,
   and the RX lookup reports the arrival that delivered the data.
 A second test uses a namespace pair of its own with GRO on (veth then uses
-NAPI) to check the NAPI times.
+NAPI) to check the NAPI times; a third, loopback in a namespace with IPv6 and
+IPv4 clients of a dual-stack listener (v4-mapped sockets).
 
 This file is also the peer program: `python test_probes_netstack.py ROLE ...`.
 """
@@ -99,12 +100,42 @@ def peer_client(addr: str, port: int) -> None:
     emit({"done": True})
 
 
+def peer_server_dual() -> None:
+    """Dual-stack listener: an IPv6 client, then an IPv4 one (v4-mapped on this side)."""
+    lst = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    emit({"ready": True, "pid": os.getpid(), "port": lst.getsockname()[1]})
+    for _ in range(2):
+        conn, _ = lst.accept()
+        for n in SIZES:
+            recv_exactly(conn, n)
+            conn.sendall(b"r" * REPLY_BYTES)
+        assert conn.recv(1) == b""
+        conn.close()
+    emit({"done": True})
+
+
+def peer_client_dual(_addr: str, port: int) -> None:
+    emit({"ready": True, "pid": os.getpid()})
+    assert sys.stdin.readline().strip() == "go"
+    for addr in ("::1", "127.0.0.1"):
+        c = socket.create_connection((addr, port))
+        for i, n in enumerate(SIZES):
+            c.sendall(bytes([i]) * n)
+            recv_exactly(c, REPLY_BYTES)
+        c.close()
+    emit({"done": True})
+
+
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "server":
         peer_server((int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 2 else None)
     elif role == "client":
         peer_client(sys.argv[2], int(sys.argv[3]))
+    elif role == "server-dual":
+        peer_server_dual()
+    elif role == "client-dual":
+        peer_client_dual(sys.argv[2], int(sys.argv[3]))
     else:
         raise SystemExit(f"unknown role {role}")
     sys.exit(0)
@@ -535,3 +566,43 @@ def test_netstack_napi_times_with_gro(gro_pair, tmp_path):
     done = [e for e in traced.ns_events if isinstance(e, E.NsTxDoneEvent)]
     assert sorted(e.msg_id for e in done) == sorted(h.msg_id for h in sends)
     assert {e.reason for e in done} == {E.NS_TXC_FORWARDED}
+
+
+@pytest.fixture
+def lo_netns():
+    name = f"pslat-nslo-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    yield name
+    subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+@pytest.mark.privileged
+def test_netstack_ipv6_and_v4_mapped_on_loopback(lo_netns, tmp_path):
+    from probes import events as E
+    from probes.filters import Filters
+
+    run = ["ip", "netns", "exec", lo_netns, sys.executable, __file__]
+    traced, _, _, _ = run_exchange(run + ["server-dual"], run + ["client-dual"], "::1",
+                                   lambda p: Filters.build(netns=[lo_netns], ports=[p]), tmp_path)
+    try:
+        counters = traced.prog.counters()["netstack"]
+    finally:
+        traced.close()
+    assert counters["lost"] == 0
+    calls = [e for e in traced.ns_events if isinstance(e, E.NsCallEvent)]
+    families = sorted((c.call, c.family, c.as_record()["daddr"]) for c in calls)
+    # the IPv4 client's connection is v4-mapped on the dual-stack server's side
+    assert families == [(E.NS_CALL_CONNECT, E.AF_INET, "127.0.0.1"), (E.NS_CALL_CONNECT, E.AF_INET6, "::1"),
+                        (E.NS_CALL_ACCEPT, E.AF_INET6, "::1"), (E.NS_CALL_ACCEPT, E.AF_INET6, "::ffff:127.0.0.1")]
+    recvs = [h for h in traced.h_events if not h.send]
+    assert len(recvs) >= 4 * len(SIZES) and len({h.sk for h in recvs}) == 4
+    for h in recvs:
+        r = h.rx
+        assert r.flags == E.NS_RX_F_NETIF | E.NS_RX_F_DATA_READY | E.NS_RX_F_NO_NAPI, hex(r.flags)
+        assert r.ts_netif_ns <= r.ts_data_ready_ns <= h.ts_exit_ns
+    sends = [h for h in traced.h_events if h.send]
+    tx = [e for e in traced.ns_events if isinstance(e, E.NsTxEvent) and not e.flags & E.NS_TX_F_RETRANS]
+    assert sorted(e.msg_id for e in tx) == sorted(h.msg_id for h in sends)
+    assert all(h.ts_enter_ns <= e.ts_xmit_ns for h, e in zip(sorted(sends, key=lambda h: h.msg_id),
+                                                                sorted(tx, key=lambda e: e.msg_id)))
