@@ -596,7 +596,7 @@ def test_netstack_ipv6_and_v4_mapped_on_loopback(lo_netns, tmp_path):
     assert families == [(E.NS_CALL_CONNECT, E.AF_INET, "127.0.0.1"), (E.NS_CALL_CONNECT, E.AF_INET6, "::1"),
                         (E.NS_CALL_ACCEPT, E.AF_INET6, "::1"), (E.NS_CALL_ACCEPT, E.AF_INET6, "::ffff:127.0.0.1")]
     recvs = [h for h in traced.h_events if not h.send]
-    assert len(recvs) >= 4 * len(SIZES) and len({h.sk for h in recvs}) == 4
+    assert len(recvs) >= 4 * len(SIZES)  # (sk addresses: the second connection may reuse the first's)
     for h in recvs:
         r = h.rx
         assert r.flags == E.NS_RX_F_NETIF | E.NS_RX_F_DATA_READY | E.NS_RX_F_NO_NAPI, hex(r.flags)
