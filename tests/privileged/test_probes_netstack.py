@@ -30,7 +30,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import selectors
 import socket
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_probes_sockcalls import PeerProc
 
 WIRE_DELAY_MS = 1.0
 SIZES = [100, 90_000, 100, 90_000, 100, 90_000]  # 1 segment, 63 segments (MSS 1448)
@@ -290,28 +290,11 @@ class Traced:
         self.prog.close()
 
 
-class Peer:
-    def __init__(self, argv: list[str]):
+class Peer(PeerProc):
+    """A peer process run by argv (read/go/stop as for the sockcalls test's peers)."""
+
+    def __init__(self, argv: list[str]):  # noqa: super().__init__ builds its own argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def read(self, deadline: float) -> dict:
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        if not sel.select(max(0.0, deadline - time.monotonic())):
-            raise AssertionError(f"peer {self.proc.args} said nothing in time")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"peer {self.proc.args} exited: {self.proc.wait()}")
-        return json.loads(line)
-
-    def go(self) -> None:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
 
 
 def run_exchange(argv_server, argv_client_prefix, server_addr, filters_for, tmp_path):

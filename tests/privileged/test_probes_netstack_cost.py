@@ -17,14 +17,13 @@ This file is also the peer program: `python test_probes_netstack_cost.py pingpon
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
-import subprocess
 import sys
 import time
 
 import pytest
+from test_probes_netstack import lo_netns  # noqa: F401 (fixture)
 
 ROUND_TRIPS = 3000
 MSG_BYTES = 100
@@ -98,15 +97,6 @@ def rss_mib() -> float:
 
 
 @pytest.fixture
-def netns():
-    name = f"pslat-nscost-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-    yield name
-    subprocess.run(["ip", "netns", "del", name], check=False)
-
-
-@pytest.fixture
 def bpf_stats():
     old = open(STATS_SYSCTL).read().strip()
     yield
@@ -120,8 +110,10 @@ def set_stats(on: bool) -> None:
 
 
 @pytest.mark.privileged
-def test_netstack_cost_per_hit(netns, bpf_stats, tmp_path):
+def test_netstack_cost_per_hit(lo_netns, bpf_stats, tmp_path):
     from test_probes_netstack import Peer, Traced
+
+    netns = lo_netns
 
     from probes.filters import Filters
 
