@@ -136,6 +136,13 @@ def _order_ns(msgs: pd.DataFrame, first: str, second: str) -> pd.Series:
     return t.fillna(msgs[second].astype("Float64"))
 
 
+def _rank(d: pd.DataFrame) -> pd.DataFrame:
+    """_n: the rank of a message among those with its ids, in time order."""
+    d = d.sort_values(REQUEST_KEY + ["_t"], kind="stable")
+    d["_n"] = d.groupby(REQUEST_KEY, sort=False, dropna=False).cumcount()
+    return d.drop(columns=["_t"])
+
+
 def pair_requests(msgs: pd.DataFrame) -> tuple[pd.DataFrame, RequestStats]:
     """One row per request: `q_*` columns of its request message, `p_*` of its response."""
     st = RequestStats()
@@ -150,10 +157,7 @@ def pair_requests(msgs: pd.DataFrame) -> tuple[pd.DataFrame, RequestStats]:
     # the worker's clock orders both: the request leaves it, the response arrives at it
     req["_t"] = _order_ns(req, "tx_ts_send_first_enter_ns", "rx_ts_recv_last_exit_ns")
     resp["_t"] = _order_ns(resp, "rx_ts_recv_last_exit_ns", "tx_ts_send_first_enter_ns")
-    for d in (req, resp):
-        d.sort_values(REQUEST_KEY + ["_t"], inplace=True, kind="stable")
-        d["_n"] = d.groupby(REQUEST_KEY, sort=False, dropna=False).cumcount()
-        d.drop(columns=["_t"], inplace=True)
+    req, resp = (_rank(d) for d in (req, resp))
     keys = REQUEST_KEY + ["_n"]
     q = req.drop(columns=["sender", "recver"]).rename(columns=lambda c: c if c in keys else f"q_{c}")
     p = resp.drop(columns=["sender", "recver"]).rename(columns=lambda c: c if c in keys else f"p_{c}")

@@ -75,12 +75,11 @@ def report(
         raise UserError(f"--clocks {clocks}: give auto or estimate")
     fmt = pick_format(fmt, output)
     d = dissect(list(run_dirs), force_estimate=clocks == "estimate")
-    err = Console(stderr=True, highlight=False)
     if fmt == "term" and output is None:
         Console(highlight=False).print(SummaryView(summary(d)))
         return
     for p in d.problems:   # the screen view shows them; a file does not reach the user's eyes
-        err.print(f"pslat report: warning: {p}", markup=False)
+        print(f"pslat report: warning: {p}", file=sys.stderr)
     if fmt == "json":
         text = json.dumps(summary(d), indent=1) + "\n"
         if output is None:
@@ -99,7 +98,7 @@ def report(
                 table.to_parquet(output, index=False)
             except OSError as e:
                 raise UserError(f"cannot write {output}: {e.strerror or e}") from None
-    err.print(f"pslat report: wrote {output} ({fmt}, {len(d.requests):,} requests)", markup=False)
+    print(f"pslat report: wrote {output} ({fmt}, {len(d.requests):,} requests)", file=sys.stderr)
 
 
 def _write(path: Path, fill) -> None:

@@ -64,6 +64,7 @@ class Sim:
     reconnect_every: int = 0            # new ISNs on the same ports every K slices of a pair
     negative_wire_at: tuple = ()        # slice indices whose wire_req is made negative (-20 us)
     control_every: int = 10             # a control message per K slices of a pair
+    think_ns: tuple = (20_000, 60_000)  # a worker's pause between requests (uniform)
     seed: int = 0
     run_id: str | None = None
     started_realtime_ns: int = 1_700_000_000 * 10**9
@@ -137,7 +138,7 @@ def simulate(out: Path, sim: Sim) -> dict:
     e2e = sum(d[c] for c in BASE)
     req_len = pd.Series(e2e).groupby(w_idx * R + ts).transform("max").to_numpy()
     first_slice = np.r_[True, (w_idx[1:] != w_idx[:-1]) | (ts[1:] != ts[:-1])]
-    step = np.where(first_slice, req_len + _u(rng, n, 20_000, 60_000), 0)
+    step = np.where(first_slice, req_len + _u(rng, n, *sim.think_ns), 0)
     start = T0_NS + w_idx * 7_919 + pd.Series(step).groupby(w_idx).cumsum().to_numpy() - step
     # slices of one request leave one after the other (one send each)
     start = start + pd.Series(np.ones(n, np.int64)).groupby(w_idx * R + ts).cumcount().to_numpy() * 3_000
