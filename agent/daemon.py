@@ -132,6 +132,7 @@ class Pipeline:
                 out[k] = out.get(k, 0) + v
         out.update({f"correlate_{k}": v for k, v in self.correlator.counters.items()})
         out["tx_ends_retransmitted"] = self.correlator.tx_times.retransmitted_ends
+        out["sync_hints"] = self.decoder.hints
         if self.sockcalls.walk_stops:
             out["walk_stops"] = {str(k): v for k, v in self.sockcalls.walk_stops.items()}
         out["consumer_cpu_s"] = round(self.cpu_s, 3)
@@ -251,6 +252,8 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
         fmt = sockcall_format()
         pipeline = Pipeline(o.out, host_map, meta, framework_on=True, netstack_on=netstack_on,
                             hosts=named_hosts, warn=log, sockcall_fmt=fmt)
+        if fmt == "items":
+            pipeline.decoder.on_sync_hint = live.sync_hint
         if o.record:
             recorder = RecordWriter(o.record, {**meta, "probes": config["probes"], "sockcall_format": fmt,
                                                "netns_names": {str(k): v for k, v in host_map.names().items()},

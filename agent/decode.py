@@ -69,6 +69,7 @@ class Call:
     view: list              # [(rel, bytes) | (rel, int)]
     ends: dict              # {rel end: {stage column: ts_ns}}
     start_offset: int = 0   # stream offset of seq_start (set by the decoder)
+    kernel_unsynced: bool = False  # walker format: the kernel was not following frames at the call's end
 
 
 _addr_cache: dict[bytes, str] = {}
@@ -146,6 +147,7 @@ _ITEM = struct.Struct("<BBHI")
 ITEM_BYTES, ITEM_WALK_START, ITEM_WALK_END, ITEM_MSG_END = 1, 2, 3, 4
 ITEM_KEY_SCAN, ITEM_RX_TIMES, ITEM_SCHED, ITEM_WINDOW = 5, 6, 7, 8
 SOCKCALL_F_CONTINUED = 0x08
+BYTES_PREFIX = 0x01
 _MSG_END = struct.Struct("<IIQ")       # end_seq, frames, msg_index
 _RX_TIMES = struct.Struct("<QQQII")    # nic, netif, data_ready, data_ready_rcv_nxt, flags
 NS_RX_F_NETIF, NS_RX_F_NIC, NS_RX_F_DATA_READY, NS_RX_F_NO_NAPI = 0x1, 0x2, 0x4, 0x8
@@ -205,20 +207,25 @@ class SockcallAssembler:
         moved = _moved(h)
         if not moved:
             return None
-        view, ends = self._view(items, moved)
-        return _call(h, view, ends)
+        view, ends, unsynced = self._view(items, moved)
+        c = _call(h, view, ends)
+        c.kernel_unsynced = unsynced
+        return c
 
-    def _view(self, items: bytes, moved: int) -> tuple[list, dict]:
+    def _view(self, items: bytes, moved: int) -> tuple[list, dict, bool]:
         view: list = []
         ends: dict = {}
+        unsynced = False
         cursor = pos = 0
         n = len(items)
         while pos + 8 <= n:
-            kind, _what, ln, off = _ITEM.unpack_from(items, pos)
+            kind, what, ln, off = _ITEM.unpack_from(items, pos)
             pos += 8
             body = items[pos:pos + ln]
             pos += ln
             if kind == ITEM_BYTES:
+                if what & BYTES_PREFIX:
+                    unsynced = True
                 if off < cursor:          # overlapping pieces: keep the new bytes only
                     body = body[cursor - off:]
                     off = cursor
@@ -234,12 +241,15 @@ class SockcallAssembler:
             elif kind == ITEM_RX_TIMES and len(body) >= _RX_TIMES.size:
                 nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(body)
                 ends.setdefault(off, {}).update(rx_stages(nic, netif, dr, flags))
+            elif kind == ITEM_WALK_START:
+                unsynced = False
             elif kind == ITEM_WALK_END and len(body) >= 6:
+                unsynced = True
                 how = body[4]
                 self.walk_stops[how] = self.walk_stops.get(how, 0) + 1
         if cursor < moved:
             view.append((cursor, moved - cursor))
-        return view, ends
+        return view, ends, unsynced
 
 
 @dataclass(slots=True)
@@ -252,6 +262,7 @@ class Flow:
     calls: deque = field(default_factory=deque)   # Call, in stream order
     starts: list = field(default_factory=list)    # their start offsets (for bisect), kept in step
     mid_stream: bool = False
+    hinted_offset: int = -1  # stream offset of the last sync hint given
 
 
 @dataclass(slots=True)
@@ -301,8 +312,13 @@ def conn_id_of(local, remote, isn_local: int, isn_remote: int, known: bool) -> t
 class StreamDecoder:
     """Calls in, WireMessages out. One per agent: connections of every host."""
 
-    def __init__(self, key_sample_max: int = 16):
+    def __init__(self, key_sample_max: int = 16, on_sync_hint=None):
+        """on_sync_hint(sk, tx, seq, frame_index): the parser knows where a frame header
+        of a direction the kernel's walker is not following will be (live: tell the
+        walker, probes.sockcalls.set_sync_hint)."""
         self.key_sample_max = key_sample_max
+        self.on_sync_hint = on_sync_hint
+        self.hints = 0
         self.conns: dict[tuple, Conn] = {}
         self.calls = 0
         self.gap_bytes = 0
@@ -390,7 +406,19 @@ class StreamDecoder:
                     if x:
                         out += parser.feed(x)
             flow.next_offset = end
+            if c.kernel_unsynced and self.on_sync_hint is not None:
+                self._hint(conn, flow, c)
         return self._messages(conn, flow, out) if out else []
+
+    def _hint(self, conn: Conn, flow: Flow, c: Call) -> None:
+        """The call ended unsynced in the kernel; if the parser is in sync and its next
+        byte is a frame header, that is where the walker can start."""
+        at = _next_header(flow.parser)
+        if at is None or at[0] == flow.hinted_offset:
+            return
+        flow.hinted_offset = at[0]
+        self.hints += 1
+        self.on_sync_hint(c.sk, c.tx, (flow.isn + 1 + at[0]) & MASK32, at[1])
 
     @staticmethod
     def _keep_call(flow: Flow, c: Call) -> None:
@@ -525,3 +553,13 @@ class FrameworkDecoder:
 def _replace_sender(meta, node: int):
     from dataclasses import replace
     return replace(meta, sender=node)
+
+
+def _next_header(parser) -> tuple[int, int] | None:
+    """(stream offset, frame index in its message) of the frame header the parser
+    expects next, when it is in sync and at a header boundary; else None.
+    TODO(lead): reads the parser's private state; parsers/pslite could offer this."""
+    from parsers.pslite.states import _HEADER
+    if not parser.synced or parser._state != _HEADER or parser._hdr:
+        return None
+    return parser.offset, parser._frame_idx

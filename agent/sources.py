@@ -296,6 +296,8 @@ class LiveSource:
         self._next_scan = 0.0
         self.framework_compile_s: float | None = None
         self.netstack_error: str | None = None
+        self.hint_errors = 0
+        self.walker_error: str | None = None
 
     # -- set-up -----------------------------------------------------------
     def generated(self, netstack: bool | None = None):
@@ -325,10 +327,16 @@ class LiveSource:
             return ProbeProgram(self.generated(netstack=False)).load()
 
     def start(self) -> "LiveSource":
-        self.program = self._load_kernel_probes()
-        gen = self.program.generated
         try:
-            for probe in gen.probes:
+            # The framework uprobes first: once the kernel probes attach, their events
+            # flow, and a framework probe still compiling then would leave the first
+            # seconds of messages without their framework records.
+            for lib in self.sel.libs:
+                self._probe_library(Path(lib), None)
+            self.rescan(force=True)
+            self.program = self._load_kernel_probes()
+            self._install_walker()
+            for probe in self.program.generated.probes:
                 name = probe.name
 
                 def callback(_ctx, data, size, name=name):
@@ -336,13 +344,23 @@ class LiveSource:
                     return 0
 
                 self.program.bpf[probe.ring.encode()].open_ring_buffer(callback)
-            for lib in self.sel.libs:
-                self._probe_library(Path(lib), None)
-            self.rescan(force=True)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _install_walker(self) -> None:
+        from probes import sockcalls
+        install = getattr(sockcalls, "install_walker", None)
+        if install is None:
+            return
+        try:   # the ZMTP walker runs as tail calls the loader fills in
+            install(self.program)
+        except Exception as e:
+            # calls are still traced, with a raw prefix each: say so, go on
+            self.walker_error = str(e)
+            self.warn(f"the ZMTP walker did not load ({e}); tracing with a payload prefix "
+                      "per call: messages past it are lost")
 
     def config(self) -> dict:
         """What a recording's header and meta.json say about the probes."""
@@ -352,6 +370,8 @@ class LiveSource:
                "event_bytes": {p.name: ctypes.sizeof(p.event) for p in gen.probes}}
         if self.netstack_error:
             out["netstack_error"] = self.netstack_error
+        if self.walker_error:
+            out["walker_error"] = self.walker_error
         if self.framework is not None:
             out["framework_defines"] = dict(self.framework._defines)
             out["framework_targets"] = [[str(t.library), t.layer, t.pid] for t in self.framework.targets]
@@ -405,10 +425,26 @@ class LiveSource:
 
     # -- running ------------------------------------------------------------
     def poll(self, timeout_ms: int = 100) -> None:
+        if self.framework is not None:
+            self.framework.drain()
         self.program.poll(timeout_ms)
         if self.framework is not None:
             self.framework.drain()
         self.rescan()
+
+    def sync_hint(self, sk: int, tx: bool, seq: int, frame_index: int) -> None:
+        """Tell the kernel's ZMTP walker where a frame starts (a direction joined mid-stream)."""
+        from probes import sockcalls
+        hint = getattr(sockcalls, "set_sync_hint", None)
+        if hint is None or self.program is None:
+            return
+        d = sockcalls.Direction.TX if tx else sockcalls.Direction.RX
+        try:
+            hint(self.program, sk, d, seq, frame_index)
+        except Exception as e:  # a full hint map: the walk starts later, nothing is wrong
+            self.hint_errors += 1
+            if self.hint_errors == 1:
+                self.warn(f"could not set a sync hint ({e}); counted in meta.json")
 
     def drain(self) -> None:
         self.program.consume()
