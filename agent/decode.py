@@ -40,6 +40,9 @@ MASK32 = 0xFFFFFFFF
 # (the parser may release a message late: a tentative chain holds up to 256 KiB).
 CALLS_KEPT_MAX = 4096
 CALLS_KEPT_BYTES = 4 << 20
+# A sync hint per direction at most this often: the walker may need a few calls to
+# take one (the stream moved on meanwhile); more would only fill its map.
+HINT_INTERVAL_NS = 20_000_000
 
 _SEND_CALLS = frozenset(c.value for c in SockCall if c.is_send)
 # struct sockcall_event up to payload[] (checked against the ctypes mirror below)
@@ -263,6 +266,7 @@ class Flow:
     starts: list = field(default_factory=list)    # their start offsets (for bisect), kept in step
     mid_stream: bool = False
     hinted_offset: int = -1  # stream offset of the last sync hint given
+    hinted_ns: int = -(1 << 62)  # and when (hints are rate-limited per direction)
 
 
 @dataclass(slots=True)
@@ -414,9 +418,9 @@ class StreamDecoder:
         """The call ended unsynced in the kernel; if the parser is in sync and its next
         byte is a frame header, that is where the walker can start."""
         at = _next_header(flow.parser)
-        if at is None or at[0] == flow.hinted_offset:
+        if at is None or at[0] == flow.hinted_offset or c.exit_ts_ns - flow.hinted_ns < HINT_INTERVAL_NS:
             return
-        flow.hinted_offset = at[0]
+        flow.hinted_offset, flow.hinted_ns = at[0], c.exit_ts_ns
         self.hints += 1
         self.on_sync_hint(c.sk, c.tx, (flow.isn + 1 + at[0]) & MASK32, at[1])
 

@@ -186,3 +186,23 @@ def test_walker_items_give_messages_with_rx_stage_times_even_when_bodies_were_sk
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError):
         SockcallAssembler("pcap")
+
+
+def test_a_sync_hint_names_the_next_frame_header_of_a_direction_the_kernel_does_not_walk():
+    """Walker format, joined mid-stream: the kernel sends raw prefixes (BYTES PREFIX).
+    Once the parser is in sync at a message boundary it tells where the next frame
+    header is, as a TCP sequence number, for the walker to start there."""
+    data, spans = stream(12)
+    hints = []
+    asm, dec = SockcallAssembler("items"), StreamDecoder(on_sync_hint=lambda *a: hints.append(a))
+    start = spans[2][0]   # joined at the third message
+    for i, (first, last) in enumerate(spans[2:]):
+        chunk = data[first:last + 1]
+        items = item(ITEM_BYTES, 0, chunk[:256], what=0x01)
+        r = record(True, ISN_C + 1 + first, len(chunk), items, ts=1_000_000_000 * (i + 1))
+        dec.feed(asm.feed(r))
+    assert hints, "no hint given"
+    sk, tx, seq, frame_index = hints[-1]
+    assert (sk, tx, frame_index) == (0xABC, True, 0)
+    assert (seq - ISN_C - 1) in {f for f, _ in spans} or seq - ISN_C - 1 == len(data)
+    assert start < seq - ISN_C - 1
