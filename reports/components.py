@@ -36,7 +36,12 @@ recv exit); *_sock_wait = *_runq_wait (the agent's run-queue time of the
 reading thread) + *_busy_wait (the rest: the thread was busy elsewhere);
 *_kernel_tx = *_stack_tx + *_cwnd_wait + *_rwnd_wait + *_qdisc_wait (the
 agent's measured waits; stack_tx is the rest, so an unmeasured wait stays in
-it); client_connect_wait is part of client_user_tx.
+it); client_connect_wait is part of client_user_tx. Where the server's
+framework boundary is probed too: server_user = server_framework_rx (recv
+exit -> the framework hands the request to the app: e.g. libzmq's I/O thread
+to the app thread) + server_app (the app's own time, what the server would log
+itself) + server_framework_tx (the app hands the response over -> first send
+syscall).
 
 Work is per distinct pattern of present points (a handful), vectorised over
 the requests of each pattern: no loop over requests.
@@ -67,7 +72,9 @@ POINTS = [
 ]
 SERVER_POINTS = range(4, 10)
 # server-side times that need the clock conversion besides the chain's points
-SERVER_EXTRA = [SERVER_RX + RX_STAGE_COLUMNS[RxStage.DATA_READY]]
+SERVER_EXTRA = [SERVER_RX + RX_STAGE_COLUMNS[RxStage.DATA_READY],
+                SERVER_RX + RX_STAGE_COLUMNS[RxStage.FRAMEWORK_HANDOVER],
+                SERVER_TX + TX_STAGE_COLUMNS[TxStage.FRAMEWORK_CALL]]
 CLIENT_DATA_READY = CLIENT_RX + RX_STAGE_COLUMNS[RxStage.DATA_READY]
 
 BASE = ["client_user_tx", "client_kernel_tx", "client_nic_tx", "wire_req", "server_nic_rx",
@@ -88,6 +95,7 @@ SUBCOMPONENTS = {  # parent -> its parts (the last one of each list is the remai
     "client_user_tx": ["client_connect_wait"],
     "client_kernel_tx": ["client_cwnd_wait", "client_rwnd_wait", "client_qdisc_wait", "client_stack_tx"],
     "server_kernel_rx": ["server_stack_rx", "server_sock_wait", "server_runq_wait", "server_busy_wait"],
+    "server_user": ["server_framework_rx", "server_app", "server_framework_tx"],
     "server_kernel_tx": ["server_cwnd_wait", "server_rwnd_wait", "server_qdisc_wait", "server_stack_tx"],
     "client_kernel_rx": ["client_stack_rx", "client_sock_wait", "client_runq_wait", "client_busy_wait"],
 }
@@ -198,6 +206,13 @@ def _subcomponents(req, out, t, present, has, index) -> None:
             out[f"{side}_{w}_wait"] = _masked(v, v_ok & ok)
             rest -= np.where(v_ok, v, 0)
         out[f"{side}_stack_tx"] = _masked(rest, ok)
+    # server_user: framework hand-over, the app, framework call
+    fw_rx, rx_ok = _ns(req, SERVER_EXTRA[1])
+    fw_tx, tx_ok = _ns(req, SERVER_EXTRA[2])
+    ok = whole["server_user"] & rx_ok & tx_ok
+    out["server_framework_rx"] = _masked(fw_rx - t[:, 6], ok)
+    out["server_app"] = _masked(fw_tx - fw_rx, ok)
+    out["server_framework_tx"] = _masked(t[:, 7] - fw_tx, ok)
     # kernel rx: stack_rx + sock_wait; sock_wait = runq_wait + busy_wait
     for side, parent, pre, netif_k, recv_k, ready_col in (
             ("server", "server_kernel_rx", SERVER_RX, 5, 6, SERVER_EXTRA[0]),

@@ -29,7 +29,9 @@ def _check_additive(req):
     assert np.array_equal(groups, _ns(req["e2e"]))
     for parent, parts in C.SUBCOMPONENTS.items():
         have = req[parts[-1]].notna()
-        if parent.endswith("kernel_rx"):
+        if parent == "server_user":
+            assert np.array_equal(sum(_ns(req[p][have]) for p in parts), _ns(req[parent][have]))
+        elif parent.endswith("kernel_rx"):
             stack, sock, runq, busy = parts
             h = req[stack].notna()
             assert np.array_equal(_ns(req[stack][h]) + _ns(req[sock][h]), _ns(req[parent][h]))
