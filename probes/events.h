@@ -116,6 +116,8 @@ enum ns_counter {
 #define NS_TX_F_SENT_UNSEEN    0x0008 /* already sent when registered, but its handoff is not on record (ring overwritten, or sent before the socket was tracked): no times */
 #define NS_TX_F_NO_QUEUE       0x0010 /* no net_dev_queue seen for the skb (e.g. segmented after the qdisc): ts_queue_ns is 0 */
 #define NS_TX_F_BEFORE_EXPECT  0x0020 /* handed to the driver before ns_tx_expect_end was called (normal: veth and loopback transmit inside the send syscall) */
+#define NS_TX_F_STACKED        0x0040 /* the skb went through more than one device (vlan, bond, bridge...): the times are of the latest */
+#define NS_TX_F_NEXT_DEVICE    0x0080 /* an extra event: the skb of an earlier event for this end was passed on to another device (ifindex); the last event of an end is the real driver's handoff */
 
 /* ns_tx_done_event.reason */
 #define NS_TXC_COMPLETED  1 /* consume_skb of the transmitted skb: the driver released it (TX completion) */
@@ -123,8 +125,10 @@ enum ns_counter {
 #define NS_TXC_DROPPED    3 /* kfree_skb of the transmitted skb: dropped after the driver handoff */
 
 /* A message end handed to the driver. Exactly one event per ns_tx_expect_end
- * call without NS_TX_F_RETRANS (times, or a flag saying why not), plus one
- * NS_TX_F_RETRANS event per later re-send of the same end. */
+ * call without NS_TX_F_RETRANS or NS_TX_F_NEXT_DEVICE (times, or a flag
+ * saying why not), plus one NS_TX_F_RETRANS event per later re-send of the
+ * same end and one NS_TX_F_NEXT_DEVICE event per further device an already
+ * reported skb is passed to. */
 struct ns_tx_event {
 	__u8  kind;          /* NS_EV_TX */
 	__u8  nr_xmit;       /* handoffs of this end so far (1 = first transmission) */
@@ -142,7 +146,8 @@ struct ns_tx_event {
 };
 
 /* What happened to the skb carrying a message end after the driver handoff.
- * At most one per NS_EV_TX event that had times. */
+ * At most one per NS_EV_TX event that had times (stacked devices: the last
+ * device's). */
 struct ns_tx_done_event {
 	__u8  kind;          /* NS_EV_TX_DONE */
 	__u8  reason;        /* NS_TXC_* */

@@ -35,6 +35,7 @@
 #define ETH_P_IPV6_ 0x86DD
 #define TCP_ESTABLISHED_ 1
 #define TCP_SYN_SENT_ 2
+#define NS_STACKED_RX_NS 500000 /* see ns_netif_receive */
 
 static __always_inline u8 ns_kread_u8(u64 addr)
 {
@@ -55,8 +56,11 @@ struct ns_tcphdr {
 	u16 window;
 };
 
-/* A TX skb's payload sequence range, from its TCP header. 0 on success. */
-static __always_inline int ns_tx_range(u64 skb, u32 *seq, u32 *end)
+/* A TX skb's payload sequence range, from its TCP header. 0 on success, -1
+ * when unreadable, 1 when not this socket's segment: `ports` (both, as in
+ * the header), when not 0, must match (after a tunnel encapsulated the skb,
+ * its transport header is the outer one). */
+static __always_inline int ns_tx_range(u64 skb, u32 *seq, u32 *end, u32 ports)
 {
 	u64 head = kread_u64(skb + NS_OFF_SKB_HEAD);
 	u64 data = kread_u64(skb + NS_OFF_SKB_DATA);
@@ -65,6 +69,8 @@ static __always_inline int ns_tx_range(u64 skb, u32 *seq, u32 *end)
 	struct ns_tcphdr t = {};
 	if (!head || bpf_probe_read_kernel(&t, sizeof(t), (void *)(head + th)))
 		return -1;
+	if (ports && ports != (((u32)t.dport << 16) | t.sport))
+		return 1;
 	/* bytes before the payload, counted from skb->data */
 	s64 hdrs = (s64)(head + th - data) + (t.doff_res >> 4) * 4;
 	if (hdrs < 0 || hdrs > len)
@@ -141,8 +147,37 @@ int ns_dev_queue(struct bpf_raw_tracepoint_args *ctx)
 	struct ns_skb v = {};
 	v.sk = sk;
 	v.ts_queue_ns = bpf_ktime_get_ns();
-	ns_skbs.update(&skb, &v);
+	/* Not over an existing record: a stacked device (vlan, bond) queues
+	 * the skb again on the device below after handing it over. */
+	ns_skbs.insert(&skb, &v);
 	return 0;
+}
+
+/* The skb of handoff `q` reached another device: its record now says this
+ * later handoff, and expectations already met get an event for it (the last
+ * one for an end is the real driver's). */
+static __always_inline void ns_next_device(u64 sk, struct ns_tx_sock *s, u64 skb, struct ns_skb *q, u64 ts,
+					   u32 ifindex)
+{
+	u64 before = q->ts_xmit_ns;
+	q->ts_xmit_ns = ts;
+	for (int i = 0; i < NS_TX_XMIT_SLOTS; i++) {
+		struct ns_xrec *x = &s->x[i];
+		if (x->skb != skb || x->ts_xmit_ns != before)
+			continue;
+		x->ts_xmit_ns = ts;
+		x->ifindex = ifindex;
+		x->hops++;
+		for (int j = 0; j < NS_TX_EXPECT_SLOTS; j++) {
+			struct ns_expect *e = &s->e[j];
+			if (e->state < NS_EXP_XMIT || e->skb != skb || e->ts_xmit_ns != before)
+				continue;
+			e->ts_xmit_ns = ts;
+			e->state = NS_EXP_XMIT; /* what becomes of it now is this device's doing */
+			ns_emit_tx(sk, s, e, x, NS_TX_F_NEXT_DEVICE);
+		}
+		break;
+	}
 }
 
 int ns_start_xmit(struct bpf_raw_tracepoint_args *ctx)
@@ -156,14 +191,22 @@ int ns_start_xmit(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	u64 ts = bpf_ktime_get_ns();
 	u32 seq, end;
-	if (ns_tx_range(skb, &seq, &end)) {
-		ns_count(NS_COUNTER_SKB_UNPARSED);
+	int parsed = ns_tx_range(skb, &seq, &end, s->ports);
+	if (parsed) {
+		if (parsed < 0)
+			ns_count(NS_COUNTER_SKB_UNPARSED);
 		return 0;
 	}
 	if (seq == end)
 		return 0; /* no payload: a pure ACK (or a bare SYN/FIN) ends no message */
 	u64 ts_queue = 0;
 	struct ns_skb *q = ns_skbs.lookup(&skb);
+	if (q && q->ts_xmit_ns) {
+		/* Handed to a device already and not freed since: a stacked device
+		 * (vlan, bond, bridge) passes it to the next one. */
+		ns_next_device(sk, s, skb, q, ts, kread_u32(ctx->args[1] + NS_OFF_DEV_IFINDEX));
+		return 0;
+	}
 	if (!q && s->gso_ts_queue_ns && ns_seq_in(seq, s->gso_seq, s->gso_end))
 		ts_queue = s->gso_ts_queue_ns; /* a segment of a software-segmented GSO skb */
 	if (q) {
@@ -192,6 +235,7 @@ int ns_start_xmit(struct bpf_raw_tracepoint_args *ctx)
 	x->end = end;
 	x->ifindex = kread_u32(ctx->args[1] + NS_OFF_DEV_IFINDEX);
 	x->done_reason = 0;
+	x->hops = 0;
 	x->ts_done_ns = 0;
 
 	/* Expectations to look at: pending ones, or any when this skb re-sends
@@ -236,7 +280,7 @@ static __always_inline void ns_skb_done(u64 skb, struct ns_skb *rec, u8 reason, 
 		 * segmented in software, the original consumed before its segments
 		 * are handed over. Dropped: the re-send will be seen. */
 		u32 seq, end;
-		if (reason == NS_TXC_COMPLETED && ts_queue && !ns_tx_range(skb, &seq, &end)) {
+		if (reason == NS_TXC_COMPLETED && ts_queue && !ns_tx_range(skb, &seq, &end, s->ports)) {
 			s->gso_seq = seq;
 			s->gso_end = end;
 			s->gso_ts_queue_ns = ts_queue;
@@ -345,6 +389,15 @@ int ns_netif_receive(struct bpf_raw_tracepoint_args *ctx)
 	struct ns_flow *f = ns_rx_flow(skb, &seq, &end);
 	if (!f)
 		return 0;
+	/* The same skb again at once: an upper device (bridge, vlan, macvlan)
+	 * passing it up, within the same softirq. Its first netif_receive_skb,
+	 * on the device it arrived on, is the one on record. (A retransmission
+	 * may reuse a freed skb's address, but comes milliseconds later.) */
+	if (f->last_skb == skb && f->last_seq == seq && ts - f->last_ts_ns < NS_STACKED_RX_NS)
+		return 0;
+	f->last_skb = skb;
+	f->last_seq = seq;
+	f->last_ts_ns = ts;
 	/* Segments NAPI saw (GRO may have merged several into this skb) get
 	 * their netif time; without NAPI records the skb is one record. The
 	 * count of held records lives in the map, not in a register, so the

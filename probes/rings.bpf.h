@@ -104,7 +104,8 @@ struct ns_xrec {
 	u32 end;
 	u32 ifindex;
 	u8 done_reason; /* NS_TXC_*, 0 while unknown */
-	u8 _pad[3];
+	u8 hops;        /* devices it was passed on to after the first (stacked devices) */
+	u8 _pad[2];
 	u64 ts_done_ns;
 };
 
@@ -130,6 +131,7 @@ struct ns_tx_sock {
 	u32 pending;    /* expectations in NS_EXP_PENDING */
 	u32 max_end;    /* highest end sent so far: an skb ending at or before it is a re-send */
 	u32 netns_ino;
+	u32 ports;      /* (dport << 16) | sport, network order, as a TCP header has them */
 	u32 scan_idx;   /* loop result of ns_tx_expect_end (see "Verifier" above) */
 	u8 have_max;
 	u8 _pad[3];
@@ -165,6 +167,10 @@ struct ns_rxrec {
 struct ns_flow {
 	u32 head;
 	u32 gro_held; /* NAPI records still waiting for their netif_receive_skb */
+	u64 last_skb; /* the latest skb at netif_receive_skb, its first seq and */
+	u64 last_ts_ns; /* time: seen again at once, a stacked device (bridge, */
+	u32 last_seq; /* vlan) passes it up */
+	u32 _pad;
 	struct ns_rxrec r[NS_RX_SLOTS];
 };
 
@@ -286,8 +292,10 @@ static __always_inline void ns_track(u64 sk)
 		return;
 	}
 	struct ns_tx_sock *ts = ns_tx_socks.lookup(&sk);
-	if (ts)
+	if (ts) {
 		ts->netns_ino = rs->key.netns_ino;
+		ts->ports = ((u32)kread_u16(sk + OFF_SKC_DPORT) << 16) | bpf_htons(rs->key.lport);
+	}
 }
 
 /* ---- TX ---------------------------------------------------------------------- */
@@ -312,6 +320,8 @@ static __always_inline void ns_emit_tx(u64 sk, struct ns_tx_sock *s, struct ns_e
 		ev.ifindex = x->ifindex;
 		if (!x->ts_queue_ns)
 			ev.flags |= NS_TX_F_NO_QUEUE;
+		if (x->hops)
+			ev.flags |= NS_TX_F_STACKED;
 	}
 	ns_emit(&ev, sizeof(ev));
 }

@@ -21,7 +21,8 @@ read ns_window_state. Checks:
   and the RX lookup reports the arrival that delivered the data.
 A second test uses a namespace pair of its own with GRO on (veth then uses
 NAPI) to check the NAPI times; a third, loopback in a namespace with IPv6 and
-IPv4 clients of a dual-stack listener (v4-mapped sockets).
+IPv4 clients of a dual-stack listener (v4-mapped sockets); a fourth, a
+bridge over a veth pair (each skb goes through two devices).
 
 This file is also the peer program: `python test_probes_netstack.py ROLE ...`.
 """
@@ -589,3 +590,69 @@ def test_netstack_ipv6_and_v4_mapped_on_loopback(lo_netns, tmp_path):
     assert sorted(e.msg_id for e in tx) == sorted(h.msg_id for h in sends)
     assert all(h.ts_enter_ns <= e.ts_xmit_ns for h, e in zip(sorted(sends, key=lambda h: h.msg_id),
                                                                 sorted(tx, key=lambda e: e.msg_id)))
+
+
+def ifindex(ns: str, dev: str) -> int:
+    out = subprocess.run(["ip", "-n", ns, "-j", "link", "show", dev], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)[0]["ifindex"]
+
+
+@pytest.fixture
+def bridged_pair():
+    """Two namespaces joined by a veth whose ends are ports of a bridge that
+    holds the address: each skb goes through the bridge, then the veth.
+    (A VLAN or bond would do the same; this kernel has neither.)"""
+    names = [f"pslat-nsbr-{os.getpid()}-{x}" for x in "ab"]
+    addrs = ["10.96.10.1", "10.96.10.2"]
+    try:
+        for n in names:
+            subprocess.run(["ip", "netns", "add", n], check=True)
+            subprocess.run(["ip", "-n", n, "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "link", "add", "va", "netns", names[0], "type", "veth", "peer", "name", "vb",
+                        "netns", names[1]], check=True)
+        for n, dev, addr in zip(names, ("va", "vb"), addrs):
+            subprocess.run(["ip", "-n", n, "link", "add", "br0", "type", "bridge"], check=True)
+            subprocess.run(["ip", "-n", n, "link", "set", dev, "master", "br0"], check=True)
+            subprocess.run(["ip", "-n", n, "addr", "add", f"{addr}/24", "dev", "br0"], check=True)
+            for d in (dev, "br0"):
+                subprocess.run(["ip", "-n", n, "link", "set", d, "up"], check=True)
+        yield names, addrs
+    finally:
+        for n in names:
+            subprocess.run(["ip", "netns", "del", n], check=False)
+
+
+@pytest.mark.privileged
+def test_netstack_stacked_devices(bridged_pair, tmp_path):
+    from probes import events as E
+    from probes.filters import Filters
+
+    (ns_a, ns_b), (_, addr_b) = bridged_pair
+    traced, _, _, _ = run_exchange(
+        ["ip", "netns", "exec", ns_b, sys.executable, __file__, "server"],
+        ["ip", "netns", "exec", ns_a, sys.executable, __file__, "client"], addr_b,
+        lambda p: Filters.build(netns=[ns_a, ns_b], ports=[p]), tmp_path)
+    try:
+        counters = traced.prog.counters()["netstack"]
+    finally:
+        traced.close()
+    assert counters["lost"] == 0 and counters["skb_unparsed"] == 0
+    lower = {ifindex(ns_a, "va"), ifindex(ns_b, "vb")}
+    upper = {ifindex(ns_a, "br0"), ifindex(ns_b, "br0")}
+    tx = [e for e in traced.ns_events if isinstance(e, E.NsTxEvent)]
+    assert not [e.as_record() for e in tx if e.flags & E.NS_TX_F_RETRANS]  # two devices are not a re-send
+    sends = [h for h in traced.h_events if h.send]
+    for h in sends:
+        mine = sorted((e for e in tx if e.msg_id == h.msg_id), key=lambda e: e.ts_xmit_ns)
+        assert len([e for e in mine if not e.flags & E.NS_TX_F_NEXT_DEVICE]) == 1
+        first, last = mine[0], mine[-1]
+        # the last word on an end is the device below the bridge
+        assert last.ifindex in lower and last.flags & (E.NS_TX_F_STACKED | E.NS_TX_F_NEXT_DEVICE)
+        if len(mine) > 1:  # reported at the bridge first, then passed on
+            assert first.ifindex in upper and [e.flags & E.NS_TX_F_NEXT_DEVICE for e in mine[1:]]
+        assert h.ts_enter_ns <= first.ts_queue_ns <= first.ts_xmit_ns
+    done = [e for e in traced.ns_events if isinstance(e, E.NsTxDoneEvent)]
+    assert sorted(e.msg_id for e in done) == sorted(h.msg_id for h in sends)
+    assert all(e.reason == E.NS_TXC_FORWARDED and e.ifindex in lower for e in done)
+    for h in (h for h in traced.h_events if not h.send):
+        assert h.rx.flags == E.NS_RX_F_NETIF | E.NS_RX_F_DATA_READY | E.NS_RX_F_NO_NAPI, hex(h.rx.flags)
