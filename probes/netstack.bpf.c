@@ -24,6 +24,11 @@
  * headers are parsed only for tracked sockets (TX) and after the netns
  * filter (RX). All raw tracepoints: no trace record is formatted.
  *
+ * Stacked devices (bridge, vlan, bond in one namespace): the same skb meets
+ * net_dev_start_xmit once per device and netif_receive_skb once per device
+ * on the way up; TX reports each further device (the last is the driver),
+ * RX keeps the first (the device it arrived on).
+ *
  * skb layouts: at net_dev_start_xmit skb->data is the L2 header and the TCP
  * header sits at skb->head + transport_header; at napi_gro_receive_entry and
  * netif_receive_skb the driver has pulled L2 (eth_type_trans), so skb->data

@@ -93,7 +93,9 @@ def _probe(tx_completion: bool) -> Probe:
             # name: (default, low, high)
             "NETSTACK_LOADED": (1, 1, 1),  # tells rings.bpf.h to compile the real API
             "NS_RING_PAGES": (256, 1, 1 << 16),  # 1 MiB: ~10k events
-            "NS_SOCKS_MAX": (4096, 64, 1 << 20),  # tracked sockets (~3 KiB of rings each, 2 maps + flow)
+            # tracked sockets: ~6 KiB of rings each (TX, data-ready, flow),
+            # preallocated: 4096 -> ~25 MiB of kernel memory (28 MiB for all maps)
+            "NS_SOCKS_MAX": (4096, 64, 1 << 20),
             "NS_SKBS_MAX": (16384, 256, 1 << 22),  # skbs between qdisc and TX completion
             "NS_THREADS_MAX": (4096, 64, 1 << 20),  # threads followed by the sched hooks
             # last 64 skbs handed to the driver, per socket: segments, when the
