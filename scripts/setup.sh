@@ -19,7 +19,8 @@ command -v apt-get >/dev/null || die "needs a Debian/Ubuntu machine (apt-get not
 
 # 1. Distro packages ----------------------------------------------------------
 PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool tshark ethtool iproute2 tcpdump
-      python3-venv gcc make libc6-dev tmux procps)
+      python3-venv gcc make libc6-dev tmux procps
+      chromium fonts-dejavu-core)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
