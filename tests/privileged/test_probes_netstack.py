@@ -28,6 +28,7 @@ This file is also the peer program: `python test_probes_netstack.py ROLE ...`.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -491,14 +492,12 @@ def test_netstack_in_cluster(tmp_path):
             assert h.sched.ts_wakeup_ns <= h.ts_exit_ns and h.sched.ts_switch_in_ns <= h.ts_exit_ns
 
 
-@pytest.fixture
-def gro_pair():
-    """Two namespaces joined by a veth with GRO on and TSO off at both ends:
-    veth then receives through NAPI and GRO (napi_gro_receive), as a NIC
-    driver does. (veth passes a TCP skb through NAPI only when the sending
-    end has no TSO.)"""
-    names = [f"pslat-ns-{os.getpid()}-{x}" for x in "ab"]
-    addrs = ["10.98.0.1", "10.98.0.2"]
+@contextlib.contextmanager
+def veth_pair(tag: str, addrs: tuple[str, str], addr_dev=lambda dev: dev, setup=lambda ns, dev: None):
+    """Two namespaces joined by a veth (va in the first, vb in the second);
+    setup(ns, dev) runs before the addresses go on addr_dev(dev). Yields the
+    namespace names; removes them afterwards."""
+    names = [f"pslat-ns{tag}-{os.getpid()}-{x}" for x in "ab"]
     try:
         for n in names:
             subprocess.run(["ip", "netns", "add", n], check=True)
@@ -506,22 +505,35 @@ def gro_pair():
         subprocess.run(["ip", "link", "add", "va", "netns", names[0], "type", "veth", "peer", "name", "vb",
                         "netns", names[1]], check=True)
         for n, dev, addr in zip(names, ("va", "vb"), addrs):
-            subprocess.run(["ip", "-n", n, "addr", "add", f"{addr}/24", "dev", dev], check=True)
-            subprocess.run(["ip", "-n", n, "link", "set", dev, "up"], check=True)
-            subprocess.run(["ip", "netns", "exec", n, "ethtool", "-K", dev, "gro", "on", "tso", "off"], check=True,
-                           capture_output=True)
-        yield names, addrs
+            setup(n, dev)
+            subprocess.run(["ip", "-n", n, "addr", "add", f"{addr}/24", "dev", addr_dev(dev)], check=True)
+            for d in {dev, addr_dev(dev)}:
+                subprocess.run(["ip", "-n", n, "link", "set", d, "up"], check=True)
+        yield names
     finally:
         for n in names:
             subprocess.run(["ip", "netns", "del", n], check=False)
 
 
-@pytest.mark.privileged
-def test_netstack_napi_times_with_gro(gro_pair, tmp_path):
-    from probes import events as E
+@pytest.fixture
+def gro_pair():
+    """GRO on and TSO off at both ends: veth then receives through NAPI and
+    GRO (napi_gro_receive), as a NIC driver does. (veth passes a TCP skb
+    through NAPI only when the sending end has no TSO.)"""
+    def gro(ns, dev):
+        subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "gro", "on", "tso", "off"], check=True,
+                       capture_output=True)
+
+    addrs = ("10.98.0.1", "10.98.0.2")
+    with veth_pair("gro", addrs, setup=gro) as names:
+        yield names, addrs
+
+
+def exchange_in_pair(pair, tmp_path):
+    """The client/server exchange across a veth_pair(); (Traced, counters)."""
     from probes.filters import Filters
 
-    (ns_a, ns_b), (_, addr_b) = gro_pair
+    (ns_a, ns_b), (_, addr_b) = pair
     traced, _, _, _ = run_exchange(
         ["ip", "netns", "exec", ns_b, sys.executable, __file__, "server"],
         ["ip", "netns", "exec", ns_a, sys.executable, __file__, "client"], addr_b,
@@ -531,6 +543,14 @@ def test_netstack_napi_times_with_gro(gro_pair, tmp_path):
     finally:
         traced.close()
     assert counters["lost"] == 0
+    return traced, counters
+
+
+@pytest.mark.privileged
+def test_netstack_napi_times_with_gro(gro_pair, tmp_path):
+    from probes import events as E
+
+    traced, counters = exchange_in_pair(gro_pair, tmp_path)
     recvs = [h for h in traced.h_events if not h.send]
     assert len(recvs) >= 2 * len(SIZES)
     nic_to_netif_us = []
@@ -599,44 +619,25 @@ def ifindex(ns: str, dev: str) -> int:
 
 @pytest.fixture
 def bridged_pair():
-    """Two namespaces joined by a veth whose ends are ports of a bridge that
-    holds the address: each skb goes through the bridge, then the veth.
-    (A VLAN or bond would do the same; this kernel has neither.)"""
-    names = [f"pslat-nsbr-{os.getpid()}-{x}" for x in "ab"]
-    addrs = ["10.96.10.1", "10.96.10.2"]
-    try:
-        for n in names:
-            subprocess.run(["ip", "netns", "add", n], check=True)
-            subprocess.run(["ip", "-n", n, "link", "set", "lo", "up"], check=True)
-        subprocess.run(["ip", "link", "add", "va", "netns", names[0], "type", "veth", "peer", "name", "vb",
-                        "netns", names[1]], check=True)
-        for n, dev, addr in zip(names, ("va", "vb"), addrs):
-            subprocess.run(["ip", "-n", n, "link", "add", "br0", "type", "bridge"], check=True)
-            subprocess.run(["ip", "-n", n, "link", "set", dev, "master", "br0"], check=True)
-            subprocess.run(["ip", "-n", n, "addr", "add", f"{addr}/24", "dev", "br0"], check=True)
-            for d in (dev, "br0"):
-                subprocess.run(["ip", "-n", n, "link", "set", d, "up"], check=True)
+    """Each veth end a port of a bridge that holds the address: each skb
+    goes through the bridge, then the veth. (A VLAN or bond would do the
+    same; this kernel has neither.)"""
+    def bridge(ns, dev):
+        subprocess.run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", dev, "master", "br0"], check=True)
+
+    addrs = ("10.96.10.1", "10.96.10.2")
+    with veth_pair("br", addrs, addr_dev=lambda dev: "br0", setup=bridge) as names:
         yield names, addrs
-    finally:
-        for n in names:
-            subprocess.run(["ip", "netns", "del", n], check=False)
 
 
 @pytest.mark.privileged
 def test_netstack_stacked_devices(bridged_pair, tmp_path):
     from probes import events as E
-    from probes.filters import Filters
 
-    (ns_a, ns_b), (_, addr_b) = bridged_pair
-    traced, _, _, _ = run_exchange(
-        ["ip", "netns", "exec", ns_b, sys.executable, __file__, "server"],
-        ["ip", "netns", "exec", ns_a, sys.executable, __file__, "client"], addr_b,
-        lambda p: Filters.build(netns=[ns_a, ns_b], ports=[p]), tmp_path)
-    try:
-        counters = traced.prog.counters()["netstack"]
-    finally:
-        traced.close()
-    assert counters["lost"] == 0 and counters["skb_unparsed"] == 0
+    (ns_a, ns_b), _ = bridged_pair
+    traced, counters = exchange_in_pair(bridged_pair, tmp_path)
+    assert counters["skb_unparsed"] == 0
     lower = {ifindex(ns_a, "va"), ifindex(ns_b, "vb")}
     upper = {ifindex(ns_a, "br0"), ifindex(ns_b, "br0")}
     tx = [e for e in traced.ns_events if isinstance(e, E.NsTxEvent)]
