@@ -128,6 +128,13 @@ def _table(req: pd.DataFrame, comps: pd.DataFrame) -> pd.DataFrame:
         "req_value_bytes": req["q_value_bytes"], "resp_value_bytes": req["p_value_bytes"],
         # the worker's clock: when the request started (framework call, else first send)
         "start_ns": _first(req, C.POINTS[0], C.POINTS[1]),
+        # where to find each message in a capture: its sender's port, its receiver's, its last seq
+        "req_sport": _first(req, "q_tx_local_port", "q_rx_remote_port"),
+        "req_dport": _first(req, "q_tx_remote_port", "q_rx_local_port"),
+        "req_seq_end": req["q_seq_end"],
+        "resp_sport": _first(req, "p_tx_local_port", "p_rx_remote_port"),
+        "resp_dport": _first(req, "p_tx_remote_port", "p_rx_local_port"),
+        "resp_seq_end": req["p_seq_end"],
     })
     t = pd.concat([t, comps], axis=1)
     t["complete"] = (t["e2e_from"].notna() & t["e2e_to"].notna()).to_numpy()

@@ -29,7 +29,7 @@ from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, TxStage
 
 FLOW_KEY = ["src_ip", "src_port", "dst_ip", "dst_port", "seq_first", "seq_end"]
 ID_COLUMNS = ["control", "request", "op", "app_id", "customer_id", "timestamp", "sender", "recver",
-              "num_keys", "value_bytes", "msg_bytes"]
+              "num_keys", "value_bytes", "msg_bytes", "seq_end"]
 SUB_INPUTS = ["runq_wait_ns", "busy_wait_ns", "cwnd_wait_ns", "rwnd_wait_ns", "qdisc_wait_ns",
               "connect_wait_ns"]
 SIDE_COLUMNS = ["host_id", "pid", "local_ip", "local_port", "remote_ip", "remote_port", "conn_id",

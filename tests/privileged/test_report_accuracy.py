@@ -1,0 +1,242 @@
+"""`pslat report` against the virtual cluster's truth (issue 4, "Accuracy").
+
+psbench (2 servers x 4 workers) runs in the cluster, one `pslat agent` traces
+every host, and the report's per-request figures are compared, request by
+request (means over constant delays would not catch a wrong pairing), with:
+- the wire forwarder's log of the request's (response's) last segment;
+- psbench's server log (receive -> reply) and worker log (issued -> completed);
+- the clock: the namespaces share one kernel clock, so the truth is 0; the
+  traffic-only estimate (--clocks estimate) is checked against it, and against
+  an offset and drift injected on purpose into one host's run dir (every
+  timestamp of that host moved by 5 ms + 50 ppm, its meta.json marked
+  `clock.injected`), which is what an agent option for tests would write.
+
+Each test prints its measured errors (p50/p99) for the note. They need the
+agent's kernel stage times (driver handoff, netif_receive): where the agent
+gives none, they xfail and say so.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_agent_cluster import Agent  # noqa: E402  (the agent as a child process, ready on its signal)
+
+from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS  # noqa: E402
+from reports.dissect import dissect  # noqa: E402
+from workloads.cluster.cluster import Cluster  # noqa: E402
+from workloads.psbench.launch import launch_in_cluster  # noqa: E402
+
+pytestmark = pytest.mark.privileged
+
+WAIT_S = 300
+HOSTS = 6                     # h0, h1: servers (h0 also the scheduler); h2..h5: workers
+SERVERS, WORKERS = ["h0", "h1"], ["h2", "h3", "h4", "h5"]
+SMALL = dict(keys_per_request=4, embedding_dim=2, lens=False)             # one segment each way
+LARGE = dict(keys_per_request=1024, embedding_dim=16)                    # ~78 KB: 50+ segments
+INJECT = ("h1", 5_000_000, 50.0)   # host, offset ns, drift ppm
+
+
+def _run(out: Path, delay_ms: float = 0.0, jitter_ms: float = 0.0, pair_delay_ms=None, **workload):
+    """One traced psbench job; returns (agent out dir, truth, wire log)."""
+    with Cluster(HOSTS, wire_delay_ms=delay_ms, jitter_ms=jitter_ms, pair_delay_ms=pair_delay_ms,
+                 wait_s=WAIT_S, log_dir=out / "wire") as cluster:
+        agent = Agent(out / "agent", [h.name for h in cluster.hosts])
+        try:
+            with launch_in_cluster(cluster, out / "ps", servers=2, workers=4, duration_s=3.0, rate=40,
+                                   **workload) as job:
+                job.wait_ready()
+                job.wait()
+            (out / "agent.log").write_text(agent.stop())
+        finally:
+            agent.kill()
+        truth, wire = job.truth(), cluster.wire_log()
+    return out / "agent", truth, wire
+
+
+def _truth(truth: pd.DataFrame) -> pd.DataFrame:
+    w = truth[truth.role == "worker"][["sender", "recver", "timestamp", "op", "t_issued_ns", "t_completed_ns"]]
+    s = truth[truth.role == "server"][["sender", "recver", "timestamp", "t_received_ns", "t_replied_ns"]]
+    t = w.merge(s, on=["sender", "recver", "timestamp"])
+    t = t[t.t_completed_ns.notna()]
+    t["e2e_true"] = t.t_completed_ns - t.t_issued_ns
+    t["server_true"] = t.t_replied_ns - t.t_received_ns
+    return t
+
+
+def _last_segments(wire: pd.DataFrame) -> pd.DataFrame:
+    f = wire[(wire.payload_bytes > 0) & ~wire.dropped].copy()
+    f["seq_end"] = (f.seq + f.payload_bytes) % 2**32
+    # a retransmitted last segment: the copy that got through last is the one received
+    return f.drop_duplicates(["sport", "dport", "seq_end"], keep="last")
+
+
+def _joined(d, truth, wire):
+    q = d.complete.astype({"worker": "int64", "server": "int64", "timestamp": "int64"})
+    j = q.merge(_truth(truth), left_on=["worker", "server", "timestamp"],
+                right_on=["sender", "recver", "timestamp"], suffixes=("", "_true"), validate="one_to_one")
+    seg = _last_segments(wire)[["sport", "dport", "seq_end", "delay_actual_ns", "delay_applied_ns"]]
+    for kind in ("req", "resp"):
+        j = j.astype({f"{kind}_sport": "int64", f"{kind}_dport": "int64", f"{kind}_seq_end": "int64"}).merge(
+            seg.rename(columns={"delay_actual_ns": f"{kind}_wire_actual", "delay_applied_ns": f"{kind}_wire_applied"}),
+            left_on=[f"{kind}_sport", f"{kind}_dport", f"{kind}_seq_end"], right_on=["sport", "dport", "seq_end"],
+            how="left").drop(columns=["sport", "dport", "seq_end"])
+    return j
+
+
+def _require_stage_times(d):
+    done = d.complete
+    if len(done) == 0 or done["wire_req"].notna().mean() < 0.5:
+        pytest.xfail("the agent gave no kernel stage times (driver handoff / netif_receive) for most "
+                     "messages, so the wire cannot be measured: " + "; ".join(d.notes[-3:]))
+
+
+def _err(a, b):
+    return (a.astype("float64") - b.astype("float64")).abs()
+
+
+def _pct(x):
+    return f"p50 {np.nanpercentile(x, 50) / 1e3:.1f} us, p99 {np.nanpercentile(x, 99) / 1e3:.1f} us"
+
+
+def _within(err, truth_ns, frac, floor_ns) -> bool:
+    """Issue 4's bound, per request: |error| <= max(frac * truth, floor) for 99% of requests."""
+    return bool((err <= np.maximum(frac * truth_ns.astype("float64"), floor_ns)).mean() >= 0.99)
+
+
+def _check(name: str, d, truth, wire, delay_ns: dict[str, float]) -> dict:
+    """Issue 4's per-request bounds; returns the measured errors (also printed)."""
+    j = _joined(d, truth, wire)
+    t = _truth(truth)
+    figures = {}
+    # every slice psbench completed is a paired request, none invented
+    assert len(j) == len(d.complete) and len(j) >= 0.99 * len(t), f"{len(j)} of {len(t)} slices paired"
+    _require_stage_times(d)
+    for kind, col in (("req", "wire_req"), ("resp", "wire_resp")):
+        have = j[col].notna() & j[f"{kind}_wire_actual"].notna()
+        assert have.mean() >= 0.99, f"{col}: {have.sum()} of {len(j)} requests measured"
+        e = _err(j[have][col], j[have][f"{kind}_wire_actual"])
+        figures[col] = _pct(e)
+        assert np.percentile(e, 99) <= max(0.10 * delay_ns[kind], 100_000), \
+            f"{name} {col}: |report - forwarder's log| {_pct(e)}"
+    e = _err(j["server_user"], j["server_true"])
+    figures["server_user"] = _pct(e)
+    figures["server_app"] = _pct(_err(j["server_app"], j["server_true"]))
+    assert _within(e, j["server_true"], 0.10, 100_000), f"server_user {_pct(e)}"
+    fw = (j.e2e_from == "framework") & (j.e2e_to == "framework")
+    assert fw.mean() >= 0.99, f"only {fw.sum()} of {len(j)} requests have both framework times"
+    e = _err(j[fw]["e2e"], j[fw]["e2e_true"])
+    figures["e2e"] = _pct(e)
+    assert _within(e, j[fw]["e2e_true"], 0.05, 200_000), f"e2e {_pct(e)}"
+    print(f"\n{name}: " + "; ".join(f"{k} {v}" for k, v in figures.items()))
+    return figures
+
+
+def _check_estimated_clocks(name, out: Path, exact, symmetric: bool):
+    """The traffic-only estimate on a shared clock: the truth is offset 0, and `exact` (the
+    report with the shared clock) gives every request's true wire split."""
+    d = dissect([out], force_estimate=True)
+    models = [m for m in d.clocks.values() if m.usable and m.samples >= 100]
+    assert models
+    for m in models:
+        assert abs(m.offset_ns) <= m.uncertainty_ns, m.to_json()
+        if symmetric:
+            assert abs(m.offset_ns) <= 50_000, f"{m.key}: offset {m.offset_ns / 1e3:.1f} us (issue: <= 50 us)"
+    ids = ["worker", "server", "timestamp", "app_id", "customer_id"]
+    j = d.complete.merge(exact.complete, on=ids, suffixes=("", "_exact"), validate="one_to_one")
+    unc = j.apply(lambda r: d.clocks[tuple(sorted((r.worker_host, r.server_host)))].uncertainty_ns, axis=1)
+    have = j.wire_req.notna() & j.wire_req_exact.notna()
+    assert have.mean() >= 0.99, f"{have.sum()} of {len(j)} requests with a wire split"
+    split = _err(j[have].wire_req, j[have].wire_req_exact)
+    assert (split <= unc[have] + 1).all(), "a request's wire split error beyond the stated uncertainty"
+    rt = _err(j[have].wire_req.astype("float64") + j[have].wire_resp.astype("float64"),
+              j[have].wire_req_exact.astype("float64") + j[have].wire_resp_exact.astype("float64"))
+    print(f"\n{name}, clocks from the traffic: |offset| max {max(abs(m.offset_ns) for m in models) / 1e3:.1f} us, "
+          f"stated uncertainty {min(m.uncertainty_ns for m in models) / 1e3:.0f}.."
+          f"{max(m.uncertainty_ns for m in models) / 1e3:.0f} us; wire split error {_pct(split)}; "
+          f"round trip error {_pct(rt)}")
+    assert np.percentile(rt, 99) <= 10_000   # the drift over one request, only
+
+
+def _inject(run_dirs: Path, host: str, offset_ns: int, drift_ppm: float) -> None:
+    """Move every timestamp of one host's run dir as a clock offset + drift would."""
+    d = run_dirs / host
+    cols = set(TX_STAGE_COLUMNS.values()) | set(RX_STAGE_COLUMNS.values())
+    t0 = None
+    for shard in sorted(d.glob("messages-*.parquet")):
+        tbl = pq.read_table(shard)
+        if t0 is None:
+            t0 = int(pa.compute.min(tbl.column("ts_send_first_enter_ns")).as_py() or 0)
+        for c in cols:
+            v = tbl.column(c).to_pandas().astype("Int64")
+            moved = v + offset_ns + ((v - t0).astype("Float64") * drift_ppm * 1e-6).round().astype("Int64")
+            tbl = tbl.set_column(tbl.schema.get_field_index(c), c, pa.array(moved, type=pa.int64()))
+        pq.write_table(tbl, shard)
+    meta = json.loads((d / "meta.json").read_text())
+    meta.setdefault("clock", {})["injected"] = {"offset_ns": offset_ns, "drift_ppm": drift_ppm, "t0_ns": t0}
+    (d / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("delay_ms, workload", [
+    pytest.param(0.0, dict(SMALL), id="wire0-small"),
+    pytest.param(1.0, dict(LARGE, reconnect_every=10), id="wire1-large-reconnect10"),
+    pytest.param(5.0, dict(SMALL, server_delay_ms=2.0, server_jitter_ms=0.4), id="wire5-small-server2ms"),
+])
+def test_components_per_request_match_the_truth(tmp_path, delay_ms, workload):
+    out, truth, wire = _run(tmp_path, delay_ms=delay_ms, jitter_ms=0.2 * delay_ms, **workload)
+    d = dissect([out])
+    assert {m.source for m in d.clocks.values()} == {"shared"}
+    _check(f"wire {delay_ms} ms {workload}", d, truth, wire, {"req": delay_ms * 1e6, "resp": delay_ms * 1e6})
+    _check_estimated_clocks(f"wire {delay_ms} ms", out, d, symmetric=True)
+    _check_injected(f"wire {delay_ms} ms", out, symmetric=True)
+
+
+def test_asymmetric_wire_and_injected_clock(tmp_path):
+    """1 ms worker -> server, 5 ms back: the split's error is covered by the stated uncertainty,
+    with the clocks estimated from the traffic and with an offset and drift injected."""
+    pairs = {}
+    for w in WORKERS:
+        for s in SERVERS:
+            pairs[(w, s)], pairs[(s, w)] = 1.0, 5.0
+    out, truth, wire = _run(tmp_path, jitter_ms=0.2, pair_delay_ms=pairs, **SMALL)
+    exact = dissect([out])
+    _check("asymmetric 1/5 ms", exact, truth, wire, {"req": 1e6, "resp": 5e6})
+    _check_estimated_clocks("asymmetric 1/5 ms", out, exact, symmetric=False)
+    _check_injected("asymmetric 1/5 ms", out, symmetric=False)
+
+
+def _check_injected(name: str, out: Path, symmetric: bool) -> None:
+    """5 ms + 50 ppm put on one server's times on purpose: recovered within the stated
+    uncertainty (and within 50 us with symmetric delays), the drift where the run tells it."""
+    host, off, ppm = INJECT
+    _inject(out, host, off, ppm)
+    d = dissect([out])
+    t0 = json.loads((out / host / "meta.json").read_text())["clock"]["injected"]["t0_ns"]
+    checked = 0
+    for m in d.clocks.values():
+        if host not in (m.a, m.b) or m.samples < 100:
+            continue
+        assert m.source == "estimated"
+        # injected: t_host' = t + off + (t - t0) ppm; the pair's offset is t_A - t_B at B's time ref_ns
+        if m.a == host:
+            true, true_ppm = off + (m.ref_ns - t0) * ppm * 1e-6, ppm
+        else:
+            true, true_ppm = -(off + (m.ref_ns - off - t0) * ppm * 1e-6), -ppm
+        err = m.offset_ns - true
+        assert abs(err) <= m.uncertainty_ns, (m.to_json(), true)
+        if symmetric:
+            assert abs(err) <= 50_000, (m.to_json(), true)
+        if m.note is None:   # the drift was measured (else the note says the run was too short)
+            assert abs(m.drift * 1e6 - true_ppm) < 10, m.to_json()
+        checked += 1
+        print(f"\n{name}, injected {off / 1e6:g} ms + {ppm:g} ppm on {host}: {m.key} offset error "
+              f"{err / 1e3:.1f} us (stated +-{m.uncertainty_ns / 1e3:.0f} us), drift {m.drift * 1e6:.1f} ppm")
+    assert checked
