@@ -103,18 +103,21 @@ def simulate(out: Path, sim: Sim) -> dict:
              + np.tile(np.arange(S), R * sim.workers)) % sim.servers
     n = len(w_idx)
     op = np.where(ts % 2 == 0, "pull", "push")
+    def nic():   # a device without NIC stages spends no time there
+        return _u(rng, n, 1_000, 4_000) if sim.nic else np.zeros(n, np.int64)
+
     d = {  # true delays, ns (BASE order)
         "client_user_tx": _u(rng, n, 5_000, 20_000),
         "client_kernel_tx": _u(rng, n, 8_000, 30_000),
-        "client_nic_tx": _u(rng, n, 1_000, 4_000) if sim.nic else np.zeros(n, np.int64),
+        "client_nic_tx": nic(),
         "wire_req": _jit(rng, n, sim.wire_req_ns, sim.jitter),
-        "server_nic_rx": _u(rng, n, 1_000, 4_000) if sim.nic else np.zeros(n, np.int64),
+        "server_nic_rx": nic(),
         "server_kernel_rx": None,
         "server_user": _jit(rng, n, sim.server_user_ns, sim.jitter),
         "server_kernel_tx": _u(rng, n, 8_000, 30_000),
-        "server_nic_tx": _u(rng, n, 1_000, 4_000) if sim.nic else np.zeros(n, np.int64),
+        "server_nic_tx": nic(),
         "wire_resp": _jit(rng, n, sim.wire_resp_ns, sim.jitter),
-        "client_nic_rx": _u(rng, n, 1_000, 4_000) if sim.nic else np.zeros(n, np.int64),
+        "client_nic_rx": nic(),
         "client_kernel_rx": None,
         "client_user_rx": _u(rng, n, 5_000, 20_000),
     }
@@ -157,6 +160,16 @@ def simulate(out: Path, sim: Sim) -> dict:
             if a < b:
                 clocks[f"{a}~{b}"] = _true_offset(sim, a, b)
     return {"slices": truth, "clocks": clocks}
+
+
+TRUTH_KEY = ["worker", "server", "timestamp"]
+
+
+def joined_to_truth(dissection, truth: dict) -> pd.DataFrame:
+    """The dissection's measured requests beside their truth, one row per request slice
+    (the truth's columns suffixed `_true` where names clash)."""
+    got = dissection.complete.astype({c: "int64" for c in TRUTH_KEY})
+    return got.merge(truth["slices"], on=TRUTH_KEY, suffixes=("", "_true"), validate="one_to_one")
 
 
 def _true_offset(sim: Sim, a: str, b: str):

@@ -7,17 +7,10 @@ import pytest
 
 from reports.clocks import ClockModel, clock_identity, clock_models, estimate
 from reports.dissect import dissect
-from reports.simulate import Sim, simulate
+from reports.simulate import Sim, joined_to_truth, simulate
 
-KEY = ["worker", "server", "timestamp"]
 SKEW = {"ps1": (5_000_000, 50.0), "w1": (-2_000_000, -20.0)}   # 5 ms + 50 ppm; -2 ms - 20 ppm
 
-
-def _joined(d, truth):
-    got = d.complete.copy()
-    for c in KEY:
-        got[c] = got[c].astype("int64")
-    return got.merge(truth["slices"], on=KEY, suffixes=("", "_true"), validate="one_to_one")
 
 
 def _offset_error_us(d, truth):
@@ -26,7 +19,7 @@ def _offset_error_us(d, truth):
 
 def _per_request_errors(d, truth):
     """|report - truth| of wire_req per request, and the uncertainty of its host pair."""
-    j = _joined(d, truth)
+    j = joined_to_truth(d, truth)
     unc = j.apply(lambda r: d.clocks[tuple(sorted((r.worker_host, r.server_host)))].uncertainty_ns, axis=1)
     err = (j["wire_req"].astype("float64") - j["wire_req_true"]).abs()
     return j, err, unc

@@ -4,17 +4,10 @@ import pytest
 
 from reports import components as C
 from reports.dissect import dissect
-from reports.simulate import Sim, simulate
+from reports.simulate import Sim, joined_to_truth, simulate
 from reports.summary import summary
 
-KEY = ["worker", "server", "timestamp"]
 
-
-def _joined(d, truth):
-    got = d.complete.copy()
-    for c in KEY:
-        got[c] = got[c].astype("int64")
-    return got.merge(truth["slices"], on=KEY, suffixes=("", "_true"), validate="one_to_one")
 
 
 def _ns(s):
@@ -46,7 +39,7 @@ def test_shared_clock_components_exact(tmp_path, nic):
     truth = simulate(tmp_path, Sim(requests=120, nic=nic, jitter=0.4, shared_clock=True, seed=5))
     d = dissect([tmp_path])
     assert all(m.source == "shared" for m in d.clocks.values())
-    j = _joined(d, truth)
+    j = joined_to_truth(d, truth)
     assert len(j) == len(truth["slices"])
     _check_additive(d.requests)
     for c in C.BASE:
@@ -68,7 +61,7 @@ def test_shared_clock_components_exact(tmp_path, nic):
 def test_negative_component_kept_and_counted(tmp_path):
     truth = simulate(tmp_path, Sim(requests=60, shared_clock=True, negative_wire_at=(3, 17), seed=2))
     d = dissect([tmp_path])
-    j = _joined(d, truth)
+    j = joined_to_truth(d, truth)
     neg = j[j["wire_req"].astype("int64") < 0]
     assert len(neg) == 2 and (neg["wire_req"].astype("int64") == -20_000).all()
     _check_additive(d.requests)
@@ -79,7 +72,7 @@ def test_only_the_worker_traced_gives_network_and_remote(tmp_path):
     truth = simulate(tmp_path, Sim(requests=80, traced=("w0",), wire_req_ns=400_000, seed=4))
     d = dissect([tmp_path / "w0"])
     assert d.hosts == ["w0"] and d.clocks == {}
-    j = _joined(d, truth)
+    j = joined_to_truth(d, truth)
     assert len(j) == (truth["slices"]["worker_host"] == "w0").sum()
     nar = sum(j[f"{c}_true"] for c in C.BASE[2:11])   # client NIC TX .. client NIC RX
     assert (j["network_and_remote"].astype("int64") == nar).all()
@@ -99,7 +92,7 @@ def test_without_netstack_host_and_network_are_not_mixed(tmp_path):
     """No device stages: what lies between the syscalls is 'unsplit', never given to the wire."""
     truth = simulate(tmp_path, Sim(requests=50, netstack=False, shared_clock=True, seed=6))
     d = dissect([tmp_path])
-    j = _joined(d, truth)
+    j = joined_to_truth(d, truth)
     req_span = sum(j[f"{c}_true"] for c in ("client_kernel_tx", "client_nic_tx", "wire_req",
                                              "server_nic_rx", "server_kernel_rx"))
     resp_span = sum(j[f"{c}_true"] for c in ("server_kernel_tx", "server_nic_tx", "wire_resp",
@@ -114,7 +107,7 @@ def test_without_netstack_host_and_network_are_not_mixed(tmp_path):
 def test_without_framework_probe_e2e_runs_syscall_to_syscall(tmp_path):
     truth = simulate(tmp_path, Sim(requests=40, framework=False, shared_clock=True, seed=7))
     d = dissect([tmp_path])
-    j = _joined(d, truth)
+    j = joined_to_truth(d, truth)
     assert (j["e2e_from"] == "syscall").all() and (j["e2e_to"] == "syscall").all()
     assert j["client_user_tx"].isna().all() and j["client_user_rx"].isna().all()
     expect = j["e2e_true"] - j["client_user_tx_true"] - j["client_user_rx_true"]

@@ -11,16 +11,10 @@ import pytest
 
 from reports.dissect import dissect
 from reports.pairing import pair_ends, pair_requests
-from reports.simulate import Sim, simulate
+from reports.simulate import TRUTH_KEY, Sim, joined_to_truth, simulate
 
-KEY = ["worker", "server", "timestamp"]
+KEY = TRUTH_KEY
 
-
-def _joined(d, truth):
-    got = d.complete.copy()
-    for c in KEY:
-        got[c] = got[c].astype("int64")
-    return got.merge(truth["slices"], on=KEY, suffixes=("", "_true"), validate="one_to_one")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +30,7 @@ def jittery(tmp_path_factory):
 
 def test_every_request_equals_its_truth(jittery):
     d, truth, sim = jittery
-    j = _joined(d, truth)
+    j = joined_to_truth(d, truth)
     assert len(j) > 0.9 * len(truth["slices"])
     for c in ("client_user_tx", "client_kernel_tx", "wire_req", "server_kernel_rx", "server_user",
               "server_kernel_tx", "wire_resp", "client_kernel_rx", "client_user_rx", "e2e"):
