@@ -40,20 +40,35 @@ enum sockcall_call {
 enum sockcall_counter {
 	SOCKCALL_COUNTER_EAGAIN = PSLAT_COUNTER_FIRST_EXTRA, /* calls that returned -EAGAIN: counted, not emitted */
 	SOCKCALL_COUNTER_INFLIGHT_FULL = PSLAT_COUNTER_FIRST_EXTRA + 1, /* entries dropped: in-flight table full */
-	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 2,
+	SOCKCALL_COUNTER_WALK_BYTES = PSLAT_COUNTER_FIRST_EXTRA + 2,    /* bytes the ZMTP walker followed */
+	SOCKCALL_COUNTER_FRAMES = PSLAT_COUNTER_FIRST_EXTRA + 3,        /* frame headers it read */
+	SOCKCALL_COUNTER_MESSAGES = PSLAT_COUNTER_FIRST_EXTRA + 4,      /* message ends it saw */
+	SOCKCALL_COUNTER_DESYNCS = PSLAT_COUNTER_FIRST_EXTRA + 5,       /* impossible frame headers: the connection went unsynced */
+	SOCKCALL_COUNTER_KEY_SAMPLES = PSLAT_COUNTER_FIRST_EXTRA + 6,   /* keys copied out as samples */
+	SOCKCALL_COUNTER_TRUNCATED = PSLAT_COUNTER_FIRST_EXTRA + 7,     /* meta/command frames longer than their copy bound */
+	SOCKCALL_COUNTER_NOT_ZMTP = PSLAT_COUNTER_FIRST_EXTRA + 8,      /* connections whose first bytes are no ZMTP 3 greeting */
+	SOCKCALL_COUNTER_STREAM_GAPS = PSLAT_COUNTER_FIRST_EXTRA + 9,   /* walked connections whose next call did not start where the last ended */
+	SOCKCALL_COUNTER_WALK_ABORTED = PSLAT_COUNTER_FIRST_EXTRA + 10, /* walks given up: frame budget, iovecs, faults, no walker program */
+	SOCKCALL_COUNTER_HINTS_APPLIED = PSLAT_COUNTER_FIRST_EXTRA + 11, /* sync hints that started a walk */
+	SOCKCALL_COUNTER_HINTS_STALE = PSLAT_COUNTER_FIRST_EXTRA + 12,  /* sync hints the stream had already passed */
+	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 13,
 };
 
 /* flags */
 #define SOCKCALL_F_ISN_EXACT    0x01 /* ISNs taken when the connection became ESTABLISHED */
 #define SOCKCALL_F_ISN_DERIVED  0x02 /* ISNs derived at first sight from tcp_sock's byte counters (sockcalls.bpf.c) */
 /* neither flag: the ISNs could not be read consistently this time (0) */
-#define SOCKCALL_F_PAYLOAD_FAULT 0x04 /* reading the user buffer failed: payload[] is incomplete */
+#define SOCKCALL_F_PAYLOAD_FAULT 0x04 /* reading the user buffer failed: the walk stopped there (WALK_END, FAULT) */
+#define SOCKCALL_F_CONTINUED    0x08 /* the call's items did not fit: the next record of this thread continues them */
 
-#define SOCKCALL_PAYLOAD_MAX 256
+/* Bytes of items per record (a power of two). */
+#define SOCKCALL_PAYLOAD_MAX 4096
 
 /* One completed syscall. Emitted at syscall exit; the record is cut after
  * payload[payload_bytes], so a reader must accept records shorter than
- * sizeof(struct sockcall_event). */
+ * sizeof(struct sockcall_event). A call whose items do not fit in one record
+ * is several records with the same header, all but the last flagged
+ * SOCKCALL_F_CONTINUED. */
 struct sockcall_event {
 	__u64 enter_ts_ns;   /* bpf_ktime_get_ns() at syscall entry: CLOCK_MONOTONIC */
 	__u64 exit_ts_ns;    /* ... at syscall exit */
@@ -80,7 +95,82 @@ struct sockcall_event {
 	__u8  flags;         /* SOCKCALL_F_* */
 	__u8  _pad[6];
 	char  comm[16];      /* thread name */
-	__u8  payload[SOCKCALL_PAYLOAD_MAX]; /* first bytes the call moved (user buffer / iovecs in order) */
+	__u8  payload[SOCKCALL_PAYLOAD_MAX]; /* items (struct sockcall_item + body), in call order */
+};
+
+/* ---- sockcalls: what the ZMTP walker says about the bytes of a call ------
+ *
+ * payload[] is a sequence of items, each a struct sockcall_item followed by
+ * `len` bytes (not padded). `call_off` counts bytes from the call's first
+ * byte (TCP sequence seq_start). Within a walked range (WALK_START up to
+ * WALK_END or the end of the call) every byte not carried by a BYTES item is
+ * inside a frame body; outside it, bytes not carried are unknown. */
+enum sockcall_item_kind {
+	SOCKCALL_ITEM_BYTES = 1,      /* the stream's bytes at call_off (what: SOCKCALL_BYTES_*) */
+	SOCKCALL_ITEM_WALK_START = 2, /* struct sockcall_walk_mark: frames are followed from call_off on */
+	SOCKCALL_ITEM_WALK_END = 3,   /* struct sockcall_walk_mark: ... no longer from call_off on */
+	SOCKCALL_ITEM_MSG_END = 4,    /* struct sockcall_msg_end: a message's last byte is at call_off - 1 */
+	SOCKCALL_ITEM_KEYS = 5,       /* struct sockcall_keys + count keys: the keys in [call_off, +scanned_bytes) were hashed */
+	SOCKCALL_ITEM_RX_TIMES = 6,   /* struct ns_rx_times for the message ending at call_off (receives) */
+	SOCKCALL_ITEM_SCHED = 7,      /* struct ns_sched: the calling thread, at this receive's exit */
+	SOCKCALL_ITEM_WINDOW = 8,     /* struct ns_window: the socket, at this send's exit */
+};
+
+/* BYTES items: what the bytes are (OR-ed when adjacent pieces merged). */
+#define SOCKCALL_BYTES_PREFIX   0x01 /* the call's first bytes, not walked (unsynced connection) */
+#define SOCKCALL_BYTES_GREETING 0x02 /* ZMTP greeting */
+#define SOCKCALL_BYTES_HEADER   0x04 /* frame header(s) (a header may be split across calls) */
+#define SOCKCALL_BYTES_BODY     0x08 /* a meta (frame 0) or command frame body, up to its copy bound */
+#define SOCKCALL_BYTES_RAW      0x10 /* bytes right after WALK_END, for user space to hunt in */
+
+/* WALK_START how */
+#define SOCKCALL_WALK_GREETING  1 /* the connection's first byte: synced from the greeting */
+#define SOCKCALL_WALK_CONTINUE  2 /* the walk of the previous call goes on */
+#define SOCKCALL_WALK_HINT      3 /* a sync hint from user space placed a frame header here */
+
+/* WALK_END reasons */
+#define SOCKCALL_STOP_NOT_ZMTP    1 /* the first bytes are no ZMTP 3 greeting */
+#define SOCKCALL_STOP_OPAQUE      2 /* a greeting whose mechanism encrypts frames (CURVE) */
+#define SOCKCALL_STOP_BAD_FLAGS   3 /* a header with reserved flag bits (detail: the flags) */
+#define SOCKCALL_STOP_BAD_SIZE    4 /* a frame longer than 2^SOCKCALLS_FRAME_MAX_BITS */
+#define SOCKCALL_STOP_BAD_COMMAND 5 /* a command with MORE, inside a message, or too long */
+#define SOCKCALL_STOP_STREAM_GAP  6 /* this call does not start where the walk stopped (calls missed) */
+#define SOCKCALL_STOP_BUDGET      7 /* more frames in one call than the walker's step budget */
+#define SOCKCALL_STOP_IOV         8 /* bytes beyond the iovecs the walker reads */
+#define SOCKCALL_STOP_FAULT       9 /* the user buffer could not be read */
+#define SOCKCALL_STOP_NO_WALKER  10 /* the walker program was not installed yet */
+
+struct sockcall_item {
+	__u8  kind;          /* enum sockcall_item_kind */
+	__u8  what;          /* BYTES: SOCKCALL_BYTES_* */
+	__u16 len;           /* bytes that follow */
+	__u32 call_off;
+};
+
+struct sockcall_walk_mark {
+	__u32 frame_idx;     /* WALK_START: index in its message of the frame the walk is in */
+	__u8  how;           /* WALK_START: SOCKCALL_WALK_*; WALK_END: SOCKCALL_STOP_* */
+	__u8  phase;         /* the walker's phase there (sockcalls.bpf.c enum zw_phase) */
+	__u16 detail;        /* WALK_END BAD_FLAGS: the flags byte */
+};
+
+struct sockcall_msg_end {
+	__u32 end_seq;       /* TCP sequence one past the message's last byte */
+	__u32 frames;        /* frames of the message */
+	__u64 msg_index;     /* messages this direction of the connection ended before it, since the walk began */
+};
+
+/* A stretch of frame 1 (ps-lite's keys, little-endian uint64) that was
+ * hashed: key t of the stretch (at call_off + 8 t) is sampled iff
+ * splitmix64(key) >> (64 - level) == 0 (level 0: every key). Followed by
+ * `count` keys: the sampled ones, lowest t first, up to the message's cap
+ * (bit t of mask set for every sampled key, also those past the cap). */
+struct sockcall_keys {
+	__u32 scanned_bytes; /* whole keys from call_off on */
+	__u8  level;
+	__u8  count;         /* keys that follow */
+	__u16 _pad;
+	__u64 mask;
 };
 
 /* ==== netstack: BEGIN (owner: probes/netstack.bpf.c, probes/rings.bpf.h) ====

@@ -41,11 +41,119 @@ _CALL_VALUES = frozenset(c.value for c in SockCall)
 SOCKCALL_F_ISN_EXACT = 0x01
 SOCKCALL_F_ISN_DERIVED = 0x02
 SOCKCALL_F_PAYLOAD_FAULT = 0x04
+SOCKCALL_F_CONTINUED = 0x08
 
-SOCKCALL_PAYLOAD_MAX = 256
+SOCKCALL_PAYLOAD_MAX = 4096
 
 # Counter slots of the sockcalls probe, in order (enum pslat_counter, enum sockcall_counter).
-SOCKCALL_COUNTERS = ("seen", "lost", "eagain", "inflight_full")
+SOCKCALL_COUNTERS = ("seen", "lost", "eagain", "inflight_full", "walk_bytes", "frames", "messages",
+                     "desyncs", "key_samples", "truncated", "not_zmtp", "stream_gaps", "walk_aborted",
+                     "hints_applied", "hints_stale")
+
+
+class SockcallItemKind(enum.IntEnum):
+    """enum sockcall_item_kind: what follows a struct sockcall_item in payload[]."""
+
+    BYTES = 1
+    WALK_START = 2
+    WALK_END = 3
+    MSG_END = 4
+    KEYS = 5
+    RX_TIMES = 6
+    SCHED = 7
+    WINDOW = 8
+
+
+# BYTES items: SOCKCALL_BYTES_*
+SOCKCALL_BYTES_PREFIX = 0x01
+SOCKCALL_BYTES_GREETING = 0x02
+SOCKCALL_BYTES_HEADER = 0x04
+SOCKCALL_BYTES_BODY = 0x08
+SOCKCALL_BYTES_RAW = 0x10
+
+
+class WalkStart(enum.IntEnum):
+    """SOCKCALL_WALK_*: why the walker follows frames from a WALK_START on."""
+
+    GREETING = 1
+    CONTINUE = 2
+    HINT = 3
+
+
+class WalkStop(enum.IntEnum):
+    """SOCKCALL_STOP_*: why it stopped at a WALK_END."""
+
+    NOT_ZMTP = 1
+    OPAQUE = 2
+    BAD_FLAGS = 3
+    BAD_SIZE = 4
+    BAD_COMMAND = 5
+    STREAM_GAP = 6
+    BUDGET = 7
+    IOV = 8
+    FAULT = 9
+    NO_WALKER = 10
+
+
+class SockcallItem(ctypes.Structure):
+    """struct sockcall_item."""
+
+    _fields_ = [("kind", ctypes.c_uint8), ("what", ctypes.c_uint8), ("len", ctypes.c_uint16),
+                ("call_off", ctypes.c_uint32)]
+    c_name = "struct sockcall_item"
+
+
+class SockcallWalkMark(ctypes.Structure):
+    """struct sockcall_walk_mark (WALK_START, WALK_END)."""
+
+    _fields_ = [("frame_idx", ctypes.c_uint32), ("how", ctypes.c_uint8), ("phase", ctypes.c_uint8),
+                ("detail", ctypes.c_uint16)]
+    c_name = "struct sockcall_walk_mark"
+
+
+class SockcallMsgEnd(ctypes.Structure):
+    """struct sockcall_msg_end."""
+
+    _fields_ = [("end_seq", ctypes.c_uint32), ("frames", ctypes.c_uint32), ("msg_index", ctypes.c_uint64)]
+    c_name = "struct sockcall_msg_end"
+
+
+class SockcallKeys(ctypes.Structure):
+    """struct sockcall_keys (followed by `count` little-endian uint64 keys)."""
+
+    _fields_ = [("scanned_bytes", ctypes.c_uint32), ("level", ctypes.c_uint8), ("count", ctypes.c_uint8),
+                ("_pad", ctypes.c_uint16), ("mask", ctypes.c_uint64)]
+    c_name = "struct sockcall_keys"
+
+
+_ITEM_HDR = ctypes.sizeof(SockcallItem)
+_FIXED_ITEMS = {SockcallItemKind.WALK_START: SockcallWalkMark, SockcallItemKind.WALK_END: SockcallWalkMark,
+                SockcallItemKind.MSG_END: SockcallMsgEnd}
+_ITEM_KINDS = frozenset(k.value for k in SockcallItemKind)
+
+
+def decode_items(payload: bytes) -> list[tuple[SockcallItem, bytes]]:
+    """payload[] of a sockcall record -> [(item header, its body bytes)], in order.
+
+    Raises ValueError on an item that runs past the payload or has an unknown kind."""
+    out = []
+    pos, n = 0, len(payload)
+    while pos < n:
+        if n - pos < _ITEM_HDR:
+            raise ValueError(f"sockcall item header cut at payload byte {pos} of {n}")
+        it = SockcallItem.from_buffer_copy(payload, pos)
+        body_at = pos + _ITEM_HDR
+        if it.kind not in _ITEM_KINDS:
+            raise ValueError(f"sockcall item of unknown kind {it.kind} at payload byte {pos}")
+        if body_at + it.len > n:
+            raise ValueError(f"sockcall item at payload byte {pos} claims {it.len} bytes, {n - body_at} left")
+        fixed = _FIXED_ITEMS.get(it.kind)
+        if fixed is not None and it.len != ctypes.sizeof(fixed):
+            raise ValueError(f"sockcall {SockcallItemKind(it.kind).name} item of {it.len} bytes, "
+                             f"expected {ctypes.sizeof(fixed)}")
+        out.append((it, bytes(payload[body_at:body_at + it.len])))
+        pos = body_at + it.len
+    return out
 
 
 class SockcallEvent(ctypes.Structure):
@@ -138,6 +246,15 @@ class SockcallEvent(ctypes.Structure):
         """(local addr, local port, remote addr, remote port, isn_local, isn_remote):
         a reconnect on a reused port gives a new key."""
         return (self.local_addr, self.sport, self.remote_addr, self.dport, self.isn_local, self.isn_remote)
+
+    def items(self) -> list[tuple[SockcallItem, bytes]]:
+        """payload[] decoded into its items (events.h: what the ZMTP walker says)."""
+        return decode_items(self.payload_data)
+
+    @property
+    def continued(self) -> bool:
+        """More records of this call follow (its items did not fit in one)."""
+        return bool(self.flags & SOCKCALL_F_CONTINUED)
 
     def as_record(self) -> dict:
         """A plain record, field names with units, for everything downstream of probes/."""

@@ -23,26 +23,21 @@
  *    derived ISN wrong; flags tell the two kinds apart, and isn_remote seen
  *    by the peer's agent (always exact) can overrule a derived isn_local.
  *
- * TODO(zmtp-walker): the payload is a fixed prefix of each call
- * (SOCKCALL_PAYLOAD_MAX bytes). DESIGN.md "Matching" wants the ZMTP frames
- * walked here in the kernel, with per-connection "bytes left in this frame"
- * state, copying out only frame headers, the meta frame and a key sample.
- * The lead plans that next; it replaces copy_payload() below.
+ * Payload: the ZMTP frame walker (zmtp_walk.bpf.h) follows the frames in the
+ * bytes each call moved and emits only what user space needs (frame headers,
+ * meta and command frames, a key sample, message ends) as items after the
+ * event's header. Connections it cannot follow (joined mid-stream and not
+ * yet hinted, or not ZMTP) carry a raw prefix of each call instead. For each
+ * message end it asks the netstack probe's rings (rings.bpf.h) for the
+ * stage times (receives) or registers the end (sends).
  */
+/* the walker; it includes rings.bpf.h (the netstack probe's API) */
+#include "zmtp_walk.bpf.h"
 #include "common.bpf.h"
 
 #define EAGAIN_ 11
 #define TCP_ESTABLISHED_ 1
 #define TCP_CLOSE_ 7
-
-/* User-space ABI (LP64), not kernel structs: struct iovec and the fields of
- * struct user_msghdr we read. These never change. */
-struct user_iovec {
-	u64 base;
-	u64 len;
-};
-#define USER_MSGHDR_IOV_OFF 16
-#define USER_MSGHDR_IOVLEN_OFF 24
 
 #define NO_CALL (-1)
 
@@ -75,30 +70,31 @@ struct conn_info {
 	u8 daddr[16];
 };
 
-/* What the exit program builds the event in; the slack after the event lets
- * the verifier accept a copy of up to PAYLOAD_MAX bytes at any offset below
- * PAYLOAD_MAX. */
-struct sockcall_scratch {
-	struct sockcall_event ev;
-	u8 slack[SOCKCALL_PAYLOAD_MAX];
-};
-
 /* One slot per traced thread, reused call after call (filled in place: no
  * insert and delete per call); LRU so that slots of threads that exited go
  * away. A thread blocked in a call longer than SOCKCALLS_INFLIGHT_MAX other
  * threads take to start calls would lose its slot, and that call's event. */
 BPF_TABLE("lru_hash", u64, struct sockcall_inflight, sockcalls_inflight, SOCKCALLS_INFLIGHT_MAX);
 BPF_TABLE("lru_hash", u64, struct conn_info, sockcalls_conns, SOCKCALLS_CONNS_MAX);
-BPF_PERCPU_ARRAY(sockcalls_scratch, struct sockcall_scratch, 1);
 BPF_PERCPU_ARRAY(sockcalls_counters, u64, SOCKCALL_COUNTER_NR);
 BPF_RINGBUF_OUTPUT(sockcalls_events, SOCKCALLS_RING_PAGES);
 
 /* bcc cannot expand map calls inside macros, hence a function per probe. */
-static __always_inline void sc_count(int slot)
+static __always_inline void sc_add(int slot, u64 n)
 {
 	u64 *v = sockcalls_counters.lookup(&slot);
 	if (v)
-		*v += 1;
+		*v += n;
+}
+
+static __always_inline void sc_count(int slot)
+{
+	sc_add(slot, 1);
+}
+
+static __always_inline long sc_output(void *rec, u64 size)
+{
+	return sockcalls_events.ringbuf_output(rec, size, 0);
 }
 
 static __always_inline int is_send(u8 call)
@@ -106,6 +102,7 @@ static __always_inline int is_send(u8 call)
 	return call == SOCKCALL_WRITE || call == SOCKCALL_WRITEV || call == SOCKCALL_SENDTO ||
 	       call == SOCKCALL_SENDMSG;
 }
+
 
 static __always_inline int sc_enter(void *ctx, u8 call, u64 fd, u64 ptr, u64 len)
 {
@@ -120,6 +117,9 @@ static __always_inline int sc_enter(void *ctx, u8 call, u64 fd, u64 ptr, u64 len
 	u64 sk = fd_to_tcp_sock((u32)fd);
 	if (!sk || !sock_selected(sk))
 		return 0;
+	/* The netstack rings must follow the socket before this call sends:
+	 * on veth and loopback the segments leave inside the syscall. */
+	ns_track(sk);
 	struct sockcall_inflight in = {};
 	in.enter_ts_ns = ts;
 	in.sk = sk;
@@ -188,6 +188,12 @@ int sc_conn_state(void *ctx)
 		sockcalls_conns.update(&sk, &c);
 	} else if (newstate == TCP_CLOSE_) {
 		sockcalls_conns.delete(&sk);
+		struct zw_key k = {.sk = sk, .dir = ZW_DIR_TX};
+		sockcalls_walk.delete(&k);
+		sockcalls_sync_hint.delete(&k);
+		k.dir = ZW_DIR_RX;
+		sockcalls_walk.delete(&k);
+		sockcalls_sync_hint.delete(&k);
 	}
 	return 0;
 }
@@ -254,75 +260,6 @@ static __always_inline void conn_facts(u64 sk, struct sockcall_event *ev)
 	__builtin_memcpy(ev->daddr, c->daddr, 16);
 }
 
-/* Copy up to n bytes of user memory to payload[off..]; returns bytes copied. */
-static __always_inline u32 copy_user(struct sockcall_scratch *s, u32 off, u64 src, u64 n)
-{
-	if (off >= SOCKCALL_PAYLOAD_MAX)
-		return 0;
-	if (n > SOCKCALL_PAYLOAD_MAX - off)
-		n = SOCKCALL_PAYLOAD_MAX - off;
-	/* Bounds the verifier can see on their own: off < MAX, n <= MAX (the
-	 * scratch has MAX bytes of slack after payload[]). The empty asm keeps
-	 * clang from folding these checks into the clamp above, which the
-	 * verifier cannot follow. */
-	asm volatile("" : "+r"(n));
-	asm volatile("" : "+r"(off));
-	if (n == 0 || n > SOCKCALL_PAYLOAD_MAX)
-		return 0;
-	off &= SOCKCALL_PAYLOAD_MAX - 1;
-	if (bpf_probe_read_user(&s->ev.payload[off], n, (void *)src))
-		return 0;
-	return (u32)n;
-}
-
-/* TODO(zmtp-walker): replaced by the in-kernel ZMTP frame walker. */
-static __always_inline void copy_payload(struct sockcall_scratch *s, struct sockcall_inflight *in, u64 moved)
-{
-	struct sockcall_event *ev = &s->ev;
-	u64 want = moved < SOCKCALL_PAYLOAD_MAX ? moved : SOCKCALL_PAYLOAD_MAX;
-	u32 got = 0;
-	u64 iov = 0, iovcnt = 0;
-	switch (in->call) {
-	case SOCKCALL_READ:
-	case SOCKCALL_WRITE:
-	case SOCKCALL_RECVFROM:
-	case SOCKCALL_SENDTO:
-		got = copy_user(s, 0, in->ptr, want);
-		ev->payload_bytes = got;
-		if (got != want)
-			ev->flags |= SOCKCALL_F_PAYLOAD_FAULT;
-		return;
-	case SOCKCALL_READV:
-	case SOCKCALL_WRITEV:
-		iov = in->ptr;
-		iovcnt = in->len;
-		break;
-	default: /* recvmsg, sendmsg */
-		bpf_probe_read_user(&iov, sizeof(iov), (void *)(in->ptr + USER_MSGHDR_IOV_OFF));
-		bpf_probe_read_user(&iovcnt, sizeof(iovcnt), (void *)(in->ptr + USER_MSGHDR_IOVLEN_OFF));
-		break;
-	}
-#pragma unroll
-	for (int i = 0; i < SOCKCALLS_IOV_WALK_MAX; i++) {
-		if (i >= iovcnt || got >= want)
-			break;
-		struct user_iovec v = {};
-		if (bpf_probe_read_user(&v, sizeof(v), (void *)(iov + i * sizeof(v)))) {
-			ev->flags |= SOCKCALL_F_PAYLOAD_FAULT;
-			break;
-		}
-		u64 n = v.len < want - got ? v.len : want - got;
-		u32 c = copy_user(s, got, v.base, n);
-		got += c;
-		if (c != n) {
-			ev->flags |= SOCKCALL_F_PAYLOAD_FAULT;
-			break;
-		}
-	}
-	/* got < want with no fault: the bytes were past the iovecs we walk. */
-	ev->payload_bytes = got;
-}
-
 int sc_exit(void *ctx)
 {
 	u64 id = bpf_get_current_pid_tgid();
@@ -337,8 +274,7 @@ int sc_exit(void *ctx)
 		sc_count(SOCKCALL_COUNTER_EAGAIN);
 		return 0;
 	}
-	int zero = 0;
-	struct sockcall_scratch *s = sockcalls_scratch.lookup(&zero);
+	struct zw_scratch *s = zw_scratch();
 	if (!s)
 		return 0;
 	struct sockcall_event *ev = &s->ev;
@@ -351,17 +287,72 @@ int sc_exit(void *ctx)
 	ev->tid = (u32)id;
 	ev->fd = in.fd;
 	ev->seq_start = in.seq_start;
-	ev->seq_end = kread_u32(in.sk + (is_send(in.call) ? OFF_TCP_WRITE_SEQ : OFF_TCP_COPIED_SEQ));
+	int send = is_send(in.call);
+	ev->seq_end = kread_u32(in.sk + (send ? OFF_TCP_WRITE_SEQ : OFF_TCP_COPIED_SEQ));
 	ev->call = in.call;
 	conn_facts(in.sk, ev);
 	bpf_get_current_comm(&ev->comm, sizeof(ev->comm));
-	if (ret > 0)
-		copy_payload(s, &in, (u64)ret);
-	u32 size = offsetof(struct sockcall_event, payload) + (ev->payload_bytes & (2 * SOCKCALL_PAYLOAD_MAX - 1));
-	if (size > sizeof(struct sockcall_event))
-		size = sizeof(struct sockcall_event);
-	sc_count(PSLAT_COUNTER_SEEN);
-	if (sockcalls_events.ringbuf_output(ev, size, 0))
-		sc_count(PSLAT_COUNTER_LOST);
+	s->w.data_pos = 0;
+	s->w.has_piece = 0;
+	/* Walk only bytes the call consumed from / added to the stream: a
+	 * MSG_PEEK receive returns bytes that the next receive returns again.
+	 * A range that disagrees with ret otherwise (two threads on one socket)
+	 * is not walked; the next call then sees a stream gap. */
+	u64 moved = (u32)(ev->seq_end - ev->seq_start);
+	if (ret <= 0 || moved != (u64)ret) {
+		zw_emit(s, 0);
+		return 0;
+	}
+	u32 isn_next = (send ? ev->isn_local : ev->isn_remote) + 1;
+	int isn_known = (ev->flags & (SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED)) != 0;
+	if (zw_begin(s, in.sk, in.call, send ? ZW_DIR_TX : ZW_DIR_RX, in.ptr, in.len, (u64)ret, isn_next,
+		     isn_known) == ZW_GO) {
+		sockcalls_progs.call(ctx, ZW_PROG_WALK);
+		/* only reached when the walker is not installed */
+		zw_stop(s, SOCKCALL_STOP_NO_WALKER, 0);
+	}
+	zw_finish(s);
+	return 0;
+}
+
+/* The walker: SOCKCALLS_WALK_STEPS steps, then itself again (tail call)
+ * while bytes remain; then zw_ends for the netstack lookups of the message
+ * ends it saw. Not attached: reached by tail calls only (probes/sockcalls.py
+ * install_walker puts it in sockcalls_progs). */
+int zw_walk(void *ctx)
+{
+	struct zw_scratch *s = zw_scratch();
+	if (!s)
+		return 0;
+	zw_greeting_steps(s);
+	for (int i = 0; i < SOCKCALLS_WALK_STEPS; i++) {
+		if (zw_step(s))
+			break;
+	}
+	if (!s->w.stopped && s->w.pos < s->w.total) {
+		sockcalls_progs.call(ctx, ZW_PROG_WALK);
+		/* the kernel's tail call limit: this call has too many frames */
+		zw_stop(s, SOCKCALL_STOP_BUDGET, 0);
+	}
+#ifdef NETSTACK_LOADED
+	if (s->w.n_ends)
+		sockcalls_progs.call(ctx, ZW_PROG_ENDS);
+#endif
+	zw_finish(s);
+	return 0;
+}
+
+/* Netstack lookups of the message ends, SOCKCALLS_ENDS_PER_PASS per pass
+ * (after the walk: following the stream matters more than the times of one
+ * call; ends the tail call limit leaves without a lookup have no RX_TIMES
+ * item). */
+int zw_ends(void *ctx)
+{
+	struct zw_scratch *s = zw_scratch();
+	if (!s)
+		return 0;
+	if (zw_ends_lookup(s))
+		sockcalls_progs.call(ctx, ZW_PROG_ENDS);
+	zw_finish(s);
 	return 0;
 }
