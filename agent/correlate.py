@@ -24,8 +24,13 @@ READY; it learns the sender from the framework record's routing id on the
 ROUTER side, and (one agent, several hosts, as in the virtual cluster) shares
 what one end learnt with the other end of the same connection.
 
-Time. Every decision uses event time (the latest event timestamp seen), never
-the wall clock, so a replay of a recording gives the same table as the live run.
+Time. Decisions wait on a watermark: "every event before T has been delivered".
+The live agent takes T = CLOCK_MONOTONIC just before it drains all its rings and
+passes it on (advance(T)); it is recorded, so a replay sees the same watermarks at
+the same places and gives the same table. Event timestamps alone would not do:
+the rings are drained one after the other, so after a stall of the consumer one
+ring's events can lag another's by seconds. Without watermarks (unit tests,
+recordings made before them) the latest event timestamp stands in for T.
 """
 from __future__ import annotations
 
@@ -166,6 +171,7 @@ class Correlator:
         self.fw_tgids: set[int] = set()            # processes whose framework records we saw
         self.counters = defaultdict(int)
         self.tx_times = TxTimes()
+        self.watermarked = False   # advance() was called: event timestamps no longer move time
         self.connections: Connections | None = None
         self._next_prune = 0
 
@@ -212,7 +218,16 @@ class Correlator:
         touched.pop(key, None)
         touched[key] = self.now_ns
 
+    def advance(self, watermark_ns: int) -> None:
+        """Every event up to watermark_ns has been delivered (see the module docstring)."""
+        self.watermarked = True
+        if watermark_ns > self.now_ns:
+            self.now_ns = watermark_ns
+        self.step()
+
     def _tick(self, ts_ns: int) -> None:
+        if self.watermarked:
+            return
         if ts_ns > self.now_ns:
             self.now_ns = ts_ns
         if self.now_ns >= self._next_step:

@@ -99,6 +99,8 @@ class Pipeline:
     def _note(self, raw: bytes) -> None:
         import json
         note = json.loads(raw)
+        if "watermark_ns" in note:
+            self.correlator.advance(int(note["watermark_ns"]))
         if "netns" in note and "host" in note:
             self.host_map.set(int(note["netns"]), str(note["host"]))
 
@@ -262,7 +264,9 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
         lost_seen: dict[str, int] = {}
         while stop["why"] is None:
             c0 = time.thread_time()
+            watermark = time.monotonic_ns()   # everything before it is in the rings now
             live.drain()
+            sink(NOTE_PROBE, b'{"watermark_ns": %d}' % watermark)
             live.rescan()
             pipeline.cpu_s += time.thread_time() - c0
             time.sleep(BATCH_INTERVAL_S)
