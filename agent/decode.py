@@ -145,17 +145,10 @@ def call_of_sockcall(raw: bytes) -> Call | None:
     return _call(h, view, {})
 
 
-# The walker's items (events.h, "sockcalls: what the ZMTP walker says").
-_ITEM = struct.Struct("<BBHI")
-ITEM_BYTES, ITEM_WALK_START, ITEM_WALK_END, ITEM_MSG_END = 1, 2, 3, 4
-ITEM_KEY_SCAN, ITEM_RX_TIMES, ITEM_SCHED, ITEM_WINDOW = 5, 6, 7, 8
-SOCKCALL_F_CONTINUED = 0x08
-BYTES_PREFIX = 0x01
-_MSG_END = struct.Struct("<IIQ")       # end_seq, frames, msg_index
-_RX_TIMES = struct.Struct("<QQQII")    # nic, netif, data_ready, data_ready_rcv_nxt, flags
 NS_RX_F_NETIF, NS_RX_F_NIC, NS_RX_F_DATA_READY, NS_RX_F_NO_NAPI = 0x1, 0x2, 0x4, 0x8
 NS_RX_F_NETIF_OVERWRITTEN, NS_RX_F_NETIF_MISSING = 0x10, 0x20
 NS_RX_F_DR_MISSING, NS_RX_F_UNTRACKED, NS_RX_F_NOT_LOADED = 0x80, 0x200, 0x8000
+_RX_TIMES = struct.Struct("<QQQII")    # struct ns_rx_times: nic, netif, data_ready, rcv_nxt, flags
 
 
 def rx_stages(nic: int, netif: int, dr: int, flags: int) -> dict:
@@ -183,76 +176,57 @@ def rx_stages(nic: int, netif: int, dr: int, flags: int) -> dict:
     return out
 
 
+class Skip(int):
+    """n bytes inside frame bodies the kernel's walker skipped (not lost: known)."""
+
+
 class SockcallAssembler:
-    """sockcalls ring records -> Calls, for either payload format. A walked call
-    whose items did not fit in one record comes as several records of the same
-    thread, all but the last flagged CONTINUED: their items are joined here."""
+    """sockcalls ring records -> Calls, for either payload format. "items": the
+    probe's own decoding (probes.sockcalls CallAssembler joins the records of a
+    call flagged CONTINUED; WalkedCall.stream_view gives pieces, skips inside
+    walked frame bodies and gaps; message_ends the ends and their RX times)."""
 
     def __init__(self, fmt: str):
         if fmt not in ("prefix", "items"):
             raise ValueError(f"unknown sockcall format {fmt!r}")
         self.format = fmt
-        self._parts: dict[int, list[bytes]] = {}
         self.walk_stops: dict[int, int] = {}   # WALK_END reason -> count
+        self._calls = None
+        if fmt == "items":
+            from probes.sockcalls import CallAssembler
+            self._calls = CallAssembler()
 
     def feed(self, raw: bytes) -> Call | None:
         if self.format == "prefix":
             return call_of_sockcall(raw)
-        h = _head(raw)
-        items = raw[_HEAD.size:_HEAD.size + h[18]]
-        tid = h[6]
-        if h[20] & SOCKCALL_F_CONTINUED:
-            self._parts.setdefault(tid, []).append(items)
-            return None
-        parts = self._parts.pop(tid, None)
-        if parts:
-            items = b"".join(parts) + items
-        moved = _moved(h)
-        if not moved:
-            return None
-        view, ends, unsynced = self._view(items, moved)
-        c = _call(h, view, ends)
-        c.kernel_unsynced = unsynced
-        return c
+        from probes.events import SockcallEvent
+        from probes.sockcalls import Gap
 
-    def _view(self, items: bytes, moved: int) -> tuple[list, dict, bool]:
+        wc = self._calls.add(SockcallEvent.decode(raw))
+        if wc is None:
+            return None
+        total = wc.walkable_bytes
+        if not total:
+            return None
         view: list = []
+        for off, x in wc.stream_view(0):
+            if isinstance(x, bytes):
+                view.append((off, x))
+            else:
+                view.append((off, int(x) if isinstance(x, Gap) else Skip(int(x))))
         ends: dict = {}
-        unsynced = False
-        cursor = pos = 0
-        n = len(items)
-        while pos + 8 <= n:
-            kind, what, ln, off = _ITEM.unpack_from(items, pos)
-            pos += 8
-            body = items[pos:pos + ln]
-            pos += ln
-            if kind == ITEM_BYTES:
-                if what & BYTES_PREFIX:
-                    unsynced = True
-                if off < cursor:          # overlapping pieces: keep the new bytes only
-                    body = body[cursor - off:]
-                    off = cursor
-                if off > moved or not body:
-                    continue
-                if off > cursor:
-                    view.append((cursor, off - cursor))
-                body = body[:moved - off]
-                view.append((off, body))
-                cursor = off + len(body)
-            elif kind == ITEM_MSG_END:
-                ends.setdefault(off, {})
-            elif kind == ITEM_RX_TIMES and len(body) >= _RX_TIMES.size:
-                nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(body)
-                ends.setdefault(off, {}).update(rx_stages(nic, netif, dr, flags))
-            elif kind == ITEM_WALK_START:
-                unsynced = False
-            elif kind == ITEM_WALK_END and len(body) >= 6:
-                unsynced = True
-                how = body[4]
-                self.walk_stops[how] = self.walk_stops.get(how, 0) + 1
-        if cursor < moved:
-            view.append((cursor, moved - cursor))
-        return view, ends, unsynced
+        for e in wc.message_ends():
+            st = ends.setdefault(e.call_off, {})
+            if e.rx_times is not None and len(e.rx_times) >= _RX_TIMES.size:
+                nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(e.rx_times)
+                st.update(rx_stages(nic, netif, dr, flags))
+        walked = wc.walked_ranges()
+        for _off, kind, why, _m in wc.marks():
+            if kind.name == "WALK_END":
+                self.walk_stops[int(why)] = self.walk_stops.get(int(why), 0) + 1
+        c = _call(_head(raw), view, ends)
+        c.kernel_unsynced = not walked or walked[-1][1] < total
+        return c
 
 
 @dataclass(slots=True)
@@ -403,7 +377,9 @@ class StreamDecoder:
                 if isinstance(x, int):
                     n = x - max(0, skip - rel) if rel < skip else x
                     if n > 0:
-                        out += parser.gap(n)
+                        # a Skip is inside a frame body: parsers/pslite has no skip() yet,
+                        # and a gap there loses nothing (the parser walks the body anyway)
+                        out += (getattr(parser, "skip", parser.gap) if isinstance(x, Skip) else parser.gap)(n)
                 else:
                     if rel < skip:
                         x = x[skip - rel:]

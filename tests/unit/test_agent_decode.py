@@ -8,10 +8,10 @@ import struct
 
 import pytest
 
-from agent.decode import (_HEAD, _ITEM, _RX_TIMES, ITEM_BYTES, ITEM_MSG_END, ITEM_RX_TIMES,
-                          SOCKCALL_F_CONTINUED, SockcallAssembler, StreamDecoder, conn_id_of)
+from agent.decode import _HEAD, _RX_TIMES, SockcallAssembler, StreamDecoder, conn_id_of
 from parsers.pslite.encode import MessageSpec, encode_stream
-from probes.events import SOCKCALL_F_ISN_EXACT, SockCall
+from probes.events import (SOCKCALL_F_CONTINUED, SOCKCALL_F_ISN_EXACT, SockCall, SockcallItem,
+                           SockcallItemKind as K, SockcallWalkMark, WalkStart)
 
 ISN_C, ISN_S = 1000, 2**32 - 300   # the server's ISN wraps around within the stream
 CLIENT, SERVER = ("10.0.0.1", 40000), ("10.0.0.2", 9000)
@@ -113,7 +113,15 @@ def test_new_isns_on_the_same_socket_and_ports_are_a_new_connection():
 # ---- the walker's items format --------------------------------------------------------
 
 def item(kind: int, off: int, body: bytes = b"", what: int = 0) -> bytes:
-    return _ITEM.pack(kind, what, len(body), off) + body
+    return bytes(SockcallItem(kind, what, len(body), off)) + body
+
+
+ITEM_BYTES, ITEM_MSG_END, ITEM_RX_TIMES = K.BYTES, K.MSG_END, K.RX_TIMES
+_ITEM_HDR = len(bytes(SockcallItem()))
+
+
+def walk_start(off: int, how: WalkStart) -> bytes:
+    return item(K.WALK_START, off, bytes(SockcallWalkMark(0, how, 0, 0)))
 
 
 def kept_by_walker(data: bytes, start: int):
@@ -135,7 +143,7 @@ def kept_by_walker(data: bytes, start: int):
 def walked_call(data: bytes, start: int, end: int, spans, keep):
     """Items for data[start:end]: BYTES for the ranges in keep (absolute offsets),
     MSG_END + RX_TIMES at each message end inside the call."""
-    items = b""
+    items = walk_start(0, WalkStart.GREETING if start == 0 else WalkStart.CONTINUE)
     for a, b in keep:
         a, b = max(a, start), min(b, end)
         if a < b:
@@ -162,8 +170,8 @@ def test_walker_items_give_messages_with_rx_stage_times_even_when_bodies_were_sk
         cut = 0
         pos = 0
         while pos < half:
-            _, _, ln, _ = _ITEM.unpack_from(items, pos)
-            pos += 8 + ln
+            ln = SockcallItem.from_buffer_copy(items, pos).len
+            pos += _ITEM_HDR + ln
             cut = pos
         if 0 < cut < len(items):
             recs.append(record(False, ISN_S + 1 + off, end - off, items[:cut],
