@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 PSBENCH = ["--servers", "2", "--workers", "2", "--duration-s", "1", "--rate", "20",
            "--keys-per-request", "16", "--key-space", "100000"]
-# the probes that landed: sockcalls (prefix payload) and the framework uprobes
-AGENT_FLAGS = ["--no-netstack"]
+AGENT_FLAGS: list[str] = []   # every probe: sockcalls (ZMTP walker), netstack, framework uprobes
 
 
 def pyzmq_libzmq() -> Path:
