@@ -1,0 +1,157 @@
+"""Concurrency across connections (PAPER.md question 2), per request.
+
+For each request: how many connections the same process had in flight at that
+moment,
+- on the server: connections of the server process with a request between its
+  arrival (the last byte at the server: netif_receive, else the recv that took
+  it) and the response's first send, counted when this request arrives;
+- on the worker: connections of the worker process with a request between its
+  start and its end, counted when this request starts.
+A connection is in flight while any of its requests is (its requests' intervals
+are merged first), and the request's own connection counts: 1 means alone.
+All intervals are on one timeline (reports.extra.Timeline: the reference host's
+clock), so requests from workers with different clocks are compared within the
+clocks' stated uncertainty (exact when the clocks are shared).
+
+Then, per op and per count: the requests' latency (p50/p99 e2e) and their
+socket wait split into run-queue wait (the reading thread was runnable but not
+running) and busy-elsewhere (it was running, serving something else: other
+connections): the study's first contributor.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from reports import components as C
+from reports.extra import Timeline, request_times_ref
+
+MAX_BUCKET = 16          # counts above this are pooled ("16+")
+_BEFORE_SERVER_USER = C.BASE[:C.BASE.index("server_user")]
+
+
+def server_interval(req: pd.DataFrame, start_ref: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrival, reply, ok): the request's time at the server process on the reference
+    timeline; ok where server_user is measured (both its points present, so the
+    components before it add up to its start exactly)."""
+    ok = req["server_user"].notna().to_numpy() & req[C.NETWORK_AND_REMOTE].isna().to_numpy() \
+        & req[C.UNSPLIT].isna().to_numpy()
+    before = sum(req[c].to_numpy(dtype=np.int64, na_value=0) for c in _BEFORE_SERVER_USER)
+    recv = start_ref + before
+    krx = req["server_kernel_rx"].to_numpy(dtype=np.int64, na_value=0)
+    arrival = recv - krx          # netif_receive when kernel_rx is whole, else the recv exit
+    reply = recv + req["server_user"].to_numpy(dtype=np.int64, na_value=0)
+    return arrival, reply, ok
+
+
+def in_flight(group: np.ndarray, conn: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
+    """For each row: the number of connections of its group in flight at its t0 (itself
+    included). Rows: one request each (group = process, conn = its connection)."""
+    n = len(t0)
+    out = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return out
+    df = pd.DataFrame({"g": group, "c": conn, "t0": t0, "t1": np.maximum(t1, t0)})
+    df = df.sort_values(["g", "c", "t0"], kind="stable")
+    # busy periods per connection: a new one starts when a request starts after every
+    # earlier request of the connection ended
+    prev_end = df.groupby(["g", "c"], sort=False)["t1"].cummax().groupby([df["g"], df["c"]]).shift(1)
+    new = prev_end.isna().to_numpy() | (df["t0"].to_numpy() > prev_end.fillna(0).to_numpy())
+    period = np.cumsum(new)
+    per = df.assign(p=period).groupby("p", sort=False).agg(g=("g", "first"), s=("t0", "min"), e=("t1", "max"))
+    for g, rows in df.groupby("g", sort=False).indices.items():
+        p = per[per["g"] == g]
+        s, e = np.sort(p["s"].to_numpy()), np.sort(p["e"].to_numpy())
+        t = df["t0"].to_numpy()[rows]
+        # periods started at or before t and not yet ended (an end at t is over)
+        out[df.index.to_numpy()[rows]] = np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")
+    return np.maximum(out, 1)
+
+
+def per_request(req: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
+    """Per complete request: server_conns, worker_conns (<NA> where unknown)."""
+    start, end = request_times_ref(req, tl)
+    arrival, reply, ok = server_interval(req, start)
+    out = pd.DataFrame(index=req.index)
+    srv = pd.array(np.zeros(len(req), np.int64), dtype="Int64")
+    srv[:] = pd.NA
+    sel = ok & req["server_pid"].notna().to_numpy()
+    if sel.any():
+        r = req[sel]
+        proc = (r["server_host"].astype(str) + "/" + r["server_pid"].astype(str)).to_numpy()
+        conn = (r["worker_host"].astype(str) + ":" + r["req_sport"].astype(str) + ">"
+                + r["req_dport"].astype(str)).to_numpy()
+        srv[np.flatnonzero(sel)] = in_flight(proc, conn, arrival[sel], reply[sel])
+    out["server_conns"] = srv
+    wrk = pd.array(np.zeros(len(req), np.int64), dtype="Int64")
+    wrk[:] = pd.NA
+    sel = req["worker_pid"].notna().to_numpy()
+    if sel.any():
+        r = req[sel]
+        proc = (r["worker_host"].astype(str) + "/" + r["worker_pid"].astype(str)).to_numpy()
+        conn = (r["server_host"].astype(str) + ":" + r["req_sport"].astype(str) + ">"
+                + r["req_dport"].astype(str)).to_numpy()
+        wrk[np.flatnonzero(sel)] = in_flight(proc, conn, start[sel], end[sel])
+    out["worker_conns"] = wrk
+    return out
+
+
+def _q(v: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(v, q)) / 1e3 if len(v) else None
+
+
+def _mean_us(s: pd.Series) -> float | None:
+    v = s.dropna()
+    return float(v.astype("float64").mean()) / 1e3 if len(v) else None
+
+
+def by_count(req: pd.DataFrame, counts: pd.Series, side: str) -> list[dict[str, Any]]:
+    """Rows per in-flight count: requests, e2e p50/p99 and the socket wait split (us)."""
+    rows = []
+    c = counts.astype("float64").to_numpy()
+    bucket = np.where(np.isnan(c), np.nan, np.minimum(c, MAX_BUCKET))
+    for b in np.unique(bucket[~np.isnan(bucket)]):
+        sel = bucket == b
+        r = req[sel]
+        e2e = r["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
+        e2e = e2e[~np.isnan(e2e)]
+        rows.append({"conns": int(b), "pooled": bool(b == MAX_BUCKET), "requests": int(sel.sum()),
+                     "e2e_p50_us": _q(e2e, 50), "e2e_p99_us": _q(e2e, 99),
+                     "sock_wait_us": _mean_us(r[f"{side}_sock_wait"]),
+                     "runq_wait_us": _mean_us(r[f"{side}_runq_wait"]),
+                     "busy_wait_us": _mean_us(r[f"{side}_busy_wait"]),
+                     "kernel_rx_us": _mean_us(r[f"{side}_kernel_rx"])})
+    return rows
+
+
+def split(req: pd.DataFrame, side: str) -> dict[str, Any]:
+    """The socket wait of one side, and how much of it is run-queue vs busy-elsewhere."""
+    sw = req[f"{side}_sock_wait"].dropna().astype("float64")
+    rq = req[f"{side}_runq_wait"].dropna().astype("float64")
+    bz = req[f"{side}_busy_wait"].dropna().astype("float64")
+    e2e = req["e2e"].astype("float64")
+    known = req[f"{side}_runq_wait"].notna()
+    return {"requests_with_sock_wait": int(len(sw)), "requests_with_split": int(known.sum()),
+            "sock_wait_mean_us": float(sw.mean()) / 1e3 if len(sw) else None,
+            "sock_wait_share_of_e2e": float(sw.sum() / e2e[sw.index].sum()) if len(sw) and e2e[sw.index].sum() else None,
+            "runq_share": float(rq.sum() / (rq.sum() + bz.sum())) if len(rq) and (rq.sum() + bz.sum()) else None,
+            "busy_share": float(bz.sum() / (rq.sum() + bz.sum())) if len(bz) and (rq.sum() + bz.sum()) else None}
+
+
+def concurrency(d, tl: Timeline) -> dict[str, Any]:
+    """Per op: the in-flight tables of both sides and the socket-wait splits."""
+    done = d.complete
+    if len(done) == 0:
+        return {}
+    pr = per_request(done, tl)
+    out: dict[str, Any] = {}
+    for op, rows in done.groupby("op", sort=True, observed=True).indices.items():
+        r, p = done.iloc[rows], pr.iloc[rows]
+        # the worker's own components are named client_*
+        out[str(op)] = {side: {"by_conns": by_count(r, p[f"{side}_conns"], prefix),
+                               "requests_counted": int(p[f"{side}_conns"].notna().sum()),
+                               "sock_wait": split(r, prefix)}
+                        for side, prefix in (("server", "server"), ("worker", "client"))}
+    return out

@@ -1,0 +1,238 @@
+"""Findings in plain words, computed from the view model (reports.viewmodel).
+
+Each finding answers one of PAPER.md's questions for this run, or says why it
+cannot: where each op's latency goes and the cause below the largest part (1),
+what concurrency across connections adds (2), what connection management costs
+(3), how skewed the keys are and what in-network aggregation would save (4),
+how far the clocks let the wire split be trusted, and whether the agents saw
+everything (health). Sentences carry their numbers; nothing is hard-coded.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from reports import components as C
+
+MIN_BUCKET = 30          # requests an in-flight bucket needs before it is compared
+
+WHY = {  # what a sub-component means for the user (DESIGN.md)
+    "server_busy_wait": "the reading thread was running but busy elsewhere (other connections)",
+    "client_busy_wait": "the reading thread was running but busy elsewhere (other connections)",
+    "server_runq_wait": "the reading thread was runnable but waiting for a CPU",
+    "client_runq_wait": "the reading thread was runnable but waiting for a CPU",
+    "server_stack_rx": "the kernel's receive path",
+    "client_stack_rx": "the kernel's receive path",
+    "server_app": "the server application's own work",
+    "server_framework_rx": "the framework handing the request to the application (I/O thread to app thread)",
+    "server_framework_tx": "the framework handing the response to the socket",
+    "server_cwnd_wait": "held by the congestion window (the network)",
+    "client_cwnd_wait": "held by the congestion window (the network)",
+    "server_rwnd_wait": "held by the peer's receive window (a slow reader on the other host)",
+    "client_rwnd_wait": "held by the peer's receive window (a slow reader on the other host)",
+    "server_qdisc_wait": "queued by this host's qdisc",
+    "client_qdisc_wait": "queued by this host's qdisc",
+    "server_stack_tx": "the kernel's send path",
+    "client_stack_tx": "the kernel's send path",
+    "client_connect_wait": "waiting for its connection to be set up",
+}
+GROUP_WORDS = {"host": "host-side (user + kernel)", "nic": "in the NICs", "wire": "on the wire",
+               C.NETWORK_AND_REMOTE: "network and remote (server not split)", C.UNSPLIT: "unsplit"}
+
+
+def us(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 10_000:
+        return f"{x / 1e3:,.1f} ms"
+    if abs(x) >= 100:
+        return f"{x:,.0f} us"
+    return f"{x:,.1f} us"
+
+
+def pct(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if abs(x) < 0.095 and x != 0 else f"{100 * x:.0f}%"
+
+
+def _side_host(comp: str, b: dict) -> tuple[str, str] | None:
+    """The host where a component is largest (server components by server, client by worker)."""
+    part = b["by_server"] if comp.startswith("server_") else b["by_worker"] if comp.startswith("client_") else None
+    if part is None or len(part["hosts"]) < 2:
+        return None
+    per = {h: v["components_us"].get(comp, 0.0) * v["count"] for h, v in part["hosts"].items()}
+    tot = sum(per.values())
+    h = max(per, key=per.get)
+    # worth naming only when one host holds clearly more than its even share
+    if tot <= 0 or per[h] / tot < 1 / len(per) + 0.1:
+        return None
+    return h, f"{pct(per[h] / tot)} of it on {h}"
+
+
+def _below(comp: str, b: dict) -> str:
+    """The largest sub-component of a component and, for socket waits, their split."""
+    subs = [s for s in C.SUBCOMPONENTS.get(comp, []) if s in b["subcomponents_us"]]
+    if comp.endswith("kernel_rx"):   # runq/busy split sock_wait, not kernel_rx
+        subs = [s for s in subs if not s.endswith(("runq_wait", "busy_wait"))]
+    total = b["components_us"].get(comp, 0.0)
+    if not subs or total <= 0:
+        return ""
+    top = max(subs, key=lambda s: b["subcomponents_us"][s])
+    share = b["subcomponents_us"][top] / total
+    text = f"; mostly {top} ({pct(share)}): {WHY.get(top, top)}" if share >= 0.5 else \
+        f"; its largest part is {top} ({pct(share)}): {WHY.get(top, top)}"
+    if top.endswith("sock_wait"):
+        side = top.split("_")[0]
+        rq, bz = (b["subcomponents_us"].get(f"{side}_{k}") for k in ("runq_wait", "busy_wait"))
+        if rq is not None and bz is not None and rq + bz > 0:
+            main = "busy_wait" if bz >= rq else "runq_wait"
+            text += (f"; of the socket wait {pct(max(rq, bz) / (rq + bz))} is {main}: "
+                     f"{WHY[f'{side}_{main}']}")
+    return text
+
+
+def breakdown_findings(m: dict) -> list[str]:
+    out = []
+    for op, b in m["breakdown"].items():
+        mean = b["e2e_mean_us"]
+        if not mean:
+            continue
+        groups = [(g.removeprefix("group_"), v / mean) for g, v in b["groups_us"].items() if v]
+        groups.sort(key=lambda x: -x[1])
+        parts = ", ".join(f"{pct(s)} {GROUP_WORDS.get(g, g)}" for g, s in groups)
+        s = f"{op}: {parts} (mean end-to-end {us(mean)}, p99 {us(b['e2e_p99_us'])}, {b['count']:,} requests)."
+        comps = {c: v for c, v in b["components_us"].items() if c not in (C.UNSPLIT, C.NETWORK_AND_REMOTE)}
+        if comps:
+            top = max(comps, key=comps.get)
+            where = _side_host(top, b)
+            s += (f" The largest part is {top} ({pct(comps[top] / mean)} of the latency"
+                  f"{', ' + where[1] if where else ''}){_below(top, b)}.")
+        out.append(s)
+    return out
+
+
+def concurrency_findings(m: dict) -> list[str]:
+    out = []
+    for op, per in m["concurrency"].items():
+        rows = [r for r in per["server"]["by_conns"] if r["requests"] >= MIN_BUCKET and r["e2e_p50_us"]]
+        if len(rows) >= 2:
+            lo, hi = rows[0], rows[-1]
+            ratio = hi["e2e_p50_us"] / lo["e2e_p50_us"]
+            more = f"{hi['conns']}{'+' if hi['pooled'] else ''}"
+            out.append(f"{op}: requests that reached their server process while it had {more} connections "
+                       f"in flight took {ratio:.2f}x the p50 latency of those with {lo['conns']} "
+                       f"({us(hi['e2e_p50_us'])} vs {us(lo['e2e_p50_us'])}; {hi['requests']:,} and "
+                       f"{lo['requests']:,} requests).")
+        sw = per["server"]["sock_wait"]
+        if sw["sock_wait_share_of_e2e"] is not None and sw["busy_share"] is not None:
+            out.append(f"{op}: waiting in the server's socket took {pct(sw['sock_wait_share_of_e2e'])} of the "
+                       f"request time; {pct(sw['busy_share'])} of that wait the reading thread was busy "
+                       f"elsewhere, {pct(sw['runq_share'])} it waited for a CPU.")
+    return out
+
+
+def connection_findings(m: dict) -> list[str]:
+    c = m["connections"]
+    cw = c["connect_wait"]
+    wait = ""
+    if cw["share_of_request_time"] is not None:
+        wait = (f" {cw['waited']:,} of {cw['requests']:,} requests waited for their connection to be set up: "
+                f"{pct(cw['share_of_request_time'])} of all request time.")
+    if not c.get("traced"):
+        return [f"Connection set-up and teardown: {c['why']}.{wait}"]
+    t = c["total"]
+    hs = c.get("handshake_us")
+    s = (f"Connections: {t['connects']:,} connects, {t['accepts']:,} accepts and {t['closes']:,} closes traced"
+         + (f"; handshake p50 {us(hs['p50'])}, p99 {us(hs['p99'])}" if hs else "")
+         + (f"; {t['connect_failures']:,} connects failed" if t["connect_failures"] else "") + ".")
+    return [s + wait]
+
+
+def skew_findings(m: dict) -> list[str]:
+    k = m["skew"]
+    if "push" not in k and "pull" not in k:
+        return [f"Key skew: {k.get('why_none', 'no key samples')}."]
+    out = []
+    for op in ("push", "pull"):
+        o = k.get(op)
+        if not o or not o.get("messages_sampled"):
+            continue
+        how = "exact (every message's keys were sampled)" if o.get("exact") else \
+            f"estimated from the keys whose hash falls in {pct(o['subset_fraction'])} of the hash space"
+        s = f"{op} keys: "
+        if o.get("top1_share") is not None:
+            s += f"the top 1% of keys take {pct(o['top1_share'])} of updates"
+            if o.get("top10_share") is not None:
+                s += f" (top 10%: {pct(o['top10_share'])})"
+        elif o.get("top10_share") is not None:
+            s += f"the top 10% of keys take {pct(o['top10_share'])} of updates"
+        else:
+            s += "too few distinct keys sampled for top-share estimates"
+        if o.get("zipf_s") is not None:
+            s += f"; Zipf exponent ~{o['zipf_s']:.2f}"
+        s += f"; {how}."
+        if op == "push" and o.get("aggregation"):
+            agg = {a["k"]: a["share_removed"] for a in o["aggregation"]}
+            pick = [k_ for k_ in (10, 100, 1000) if k_ in agg] or list(agg)[:1]
+            s += (" Aggregating the hottest " + ", ".join(f"{k_:,}" for k_ in pick) + " keys in the network "
+                  "would remove up to " + ", ".join(pct(agg[k_]) for k_ in pick) + " of push bytes "
+                  "(if each round's pushes of a key meet at the switch).")
+        out.append(s)
+    return out
+
+
+def clock_findings(m: dict) -> list[str]:
+    rows = m["clocks"]
+    if not rows:
+        return []
+    est = [r for r in rows if r["source"] in ("estimated", "disciplined")]
+    none = [r for r in rows if r["source"] == "none"]
+    out = []
+    if est:
+        worst = max(est, key=lambda r: r["uncertainty_us"] or 0)
+        out.append(f"Clocks: {len(est)} host pair(s) aligned by {'/'.join(sorted({r['source'] for r in est}))} "
+                   f"clocks; the widest uncertainty is +-{us(worst['uncertainty_us'])} ({worst['pair']}): the "
+                   "split of wire time between directions is known within that, the round trip exactly.")
+    elif not none:
+        out.append("Clocks: every host pair shares one clock, so the wire split is exact.")
+    if none:
+        out.append(f"Clocks: {len(none)} host pair(s) could not be aligned ({', '.join(r['pair'] for r in none)}): "
+                   "their requests keep the server side as network_and_remote.")
+    return out
+
+
+def health_findings(m: dict) -> list[str]:
+    out = []
+    lost_parts = []
+    seen_total = lost_total = 0
+    for h in m["health"]:
+        for p, c in h["probes"].items():
+            seen_total += c["seen"]
+            lost_total += c["lost"]
+            if c["lost"]:
+                lost_parts.append(f"{h['host']} {p} lost {c['lost']:,} of {c['seen'] + c['lost']:,} events")
+        if h["rows_dropped"]:
+            lost_parts.append(f"{h['host']} dropped {h['rows_dropped']:,} rows")
+    if lost_parts:
+        out.append("Agent health: " + "; ".join(lost_parts) + " (ring buffer full or disk too slow): "
+                   "requests touched by lost events lack stages or are missing.")
+    elif seen_total:
+        out.append(f"Agent health: no events lost ({seen_total:,} events seen by the probes).")
+    else:
+        out.append("Agent health: the run dirs carry no probe counters.")
+    if m.get("sampling_rate"):
+        out.append(f"The agents sampled host pairs at rate {m['sampling_rate']:g}: counts cover the sampled "
+                   "traffic only.")
+    unal = m["timeline"]["unaligned"]
+    if unal:
+        out.append(f"Hosts {', '.join(unal)} have no clock relation to {m['timeline']['ref']}: their times "
+                   "over time and in flight are on their own clocks.")
+    return out
+
+
+def findings(m: dict[str, Any]) -> list[str]:
+    out = breakdown_findings(m)
+    if not out:
+        out.append("No request had both its ends measured on the worker: nothing to break down.")
+    return (out + concurrency_findings(m) + connection_findings(m) + skew_findings(m) + clock_findings(m)
+            + health_findings(m))

@@ -1,0 +1,201 @@
+"""Everything the HTML and terminal reports show, pre-aggregated into one JSON-able dict.
+
+    model = build_model(d, run_dirs)      # d: reports.dissect.Dissection
+
+No row per request survives: components become mean contributions (which add
+up to the mean end-to-end exactly, as the components of each request do),
+quantile sketches for the CDFs, time bins, in-flight buckets and rank curves,
+so the report's size does not grow with the number of requests.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reports import components as C
+from reports.concurrency import concurrency
+from reports.connmgmt import connection_management
+from reports.extra import RunContext, request_times_ref
+from reports.skew import key_skew
+from reports.summary import summary
+
+# quantiles of the CDFs: every percent, then the tail
+CDF_Q = np.concatenate([np.linspace(0, 0.99, 100), [0.995, 0.999, 0.9999, 1.0]])
+TIME_BINS = 60
+MAX_HOSTS = 48          # per-host bars beyond this: the hosts with the most requests
+GROUP_ORDER = ["host", "nic", "wire", C.NETWORK_AND_REMOTE, C.UNSPLIT]
+
+
+def _contrib_us(df: pd.DataFrame, cols: list[str]) -> dict[str, float]:
+    """Mean contribution of each column to the mean e2e (null counts as 0), us."""
+    n = len(df)
+    out = {}
+    for c in cols:
+        s = df[c]
+        if s.notna().any():
+            out[c] = float(s.astype("float64").fillna(0).sum()) / n / 1e3
+    return out
+
+
+def _q_us(v: np.ndarray, qs) -> list[float | None]:
+    return [float(x) / 1e3 for x in np.percentile(v, qs)] if len(v) else [None] * len(qs)
+
+
+def _hosts_part(df: pd.DataFrame, col: str) -> dict[str, Any]:
+    counts = df[col].value_counts()
+    keep = list(counts.index[:MAX_HOSTS])
+    out: dict[str, Any] = {"hosts": {}, "left_out": int(max(0, len(counts) - MAX_HOSTS))}
+    for h in sorted(map(str, keep)):
+        g = df[df[col].astype(str) == h]
+        e2e = g["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
+        e2e = e2e[~np.isnan(e2e)]
+        p50, p99 = _q_us(e2e, [50, 99])
+        out["hosts"][h] = {"count": len(g), "e2e_p50_us": p50, "e2e_p99_us": p99,
+                           "groups_us": _contrib_us(g, [f"group_{x}" for x in GROUP_ORDER]),
+                           "components_us": _contrib_us(g, C.COMPONENTS)}
+    return out
+
+
+def breakdown(done: pd.DataFrame) -> dict[str, Any]:
+    out = {}
+    for op, g in done.groupby("op", sort=True, observed=True):
+        e2e = g["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
+        e2e = e2e[~np.isnan(e2e)]
+        p50, p99 = _q_us(e2e, [50, 99])
+        out[str(op)] = {"count": len(g), "e2e_mean_us": float(e2e.mean()) / 1e3 if len(e2e) else None,
+                        "e2e_p50_us": p50, "e2e_p99_us": p99,
+                        "groups_us": _contrib_us(g, [f"group_{x}" for x in GROUP_ORDER]),
+                        "components_us": _contrib_us(g, C.COMPONENTS),
+                        "subcomponents_us": _contrib_us(g, C.SUBS),
+                        "by_server": _hosts_part(g, "server_host"), "by_worker": _hosts_part(g, "worker_host")}
+    return out
+
+
+def cdfs(done: pd.DataFrame) -> dict[str, Any]:
+    out = {}
+    for op, g in done.groupby("op", sort=True, observed=True):
+        per = {}
+        for c in ["e2e"] + C.COMPONENTS + C.SUBS:
+            v = g[c].dropna().to_numpy(dtype=np.float64)
+            if len(v):
+                per[c] = {"n": int(len(v)), "negative": int((v < 0).sum()),
+                          "us": [round(x, 3) for x in _q_us(v, CDF_Q * 100)]}
+        out[str(op)] = {"q": [round(float(q), 6) for q in CDF_Q], "series": per}
+    return out
+
+
+def over_time(done: pd.DataFrame, start_ref: np.ndarray) -> dict[str, Any]:
+    if len(done) == 0:
+        return {}
+    t0, t1 = int(start_ref.min()), int(start_ref.max())
+    edges = np.linspace(t0, max(t1, t0 + 1), TIME_BINS + 1)
+    b = np.clip(np.searchsorted(edges, start_ref, side="right") - 1, 0, TIME_BINS - 1)
+    out: dict[str, Any] = {"t_s": [round(float((e - t0) / 1e9), 4) for e in (edges[:-1] + edges[1:]) / 2],
+                           "t0_ref_ns": t0, "ops": {}}
+    ops = done["op"].astype(str).to_numpy()
+    e2e_all = done["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
+    groups = {g: done[f"group_{g}"].to_numpy(dtype=np.float64, na_value=np.nan) for g in GROUP_ORDER}
+    for op in sorted(set(ops)):
+        m = ops == op
+        count = np.bincount(b[m], minlength=TIME_BINS)
+        rec: dict[str, Any] = {"count": count.tolist(), "groups_us": {}, "e2e_p50_us": [], "e2e_p99_us": []}
+        for g, v in groups.items():
+            if np.isnan(v[m]).all():
+                continue
+            s = np.bincount(b[m], weights=np.nan_to_num(v[m]), minlength=TIME_BINS)
+            rec["groups_us"][g] = [round(float(x) / 1e3, 3) if k else None for x, k in zip(s / np.maximum(count, 1), count)]
+        for k in range(TIME_BINS):
+            v = e2e_all[m & (b == k)]
+            v = v[~np.isnan(v)]
+            p50, p99 = _q_us(v, [50, 99])
+            rec["e2e_p50_us"].append(p50)
+            rec["e2e_p99_us"].append(p99)
+        out["ops"][op] = rec
+    return out
+
+
+def clocks(d, ctx: RunContext, done: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per host pair: the model and what its uncertainty means for the wire split."""
+    rows = []
+    wire = {}
+    for (w, s), g in done.groupby(["worker_host", "server_host"], sort=False, observed=True):
+        wire[tuple(sorted((str(w), str(s))))] = g["wire_req"].dropna().astype("float64").mean() / 1e3 \
+            if g["wire_req"].notna().any() else None
+    for (a, b), m in sorted(d.clocks.items()):
+        j = m.to_json()
+        unc = j["uncertainty_us"]
+        wr = wire.get((a, b))
+        if m.source == "shared":
+            meaning = "one clock: the wire split between directions is exact"
+        elif m.source == "none":
+            meaning = "no clock relation: these hosts' requests keep their server side as network_and_remote"
+        else:
+            meaning = (f"wire_req and wire_resp are each known within +-{unc:,.1f} us (their sum, the round "
+                       "trip on the wire, is exact)")
+            if wr:
+                meaning += f"; mean wire_req here is {wr:,.1f} us"
+        rows.append({"pair": m.key, "a": a, "b": b, **j, "meaning": meaning, "note": m.note})
+    return rows
+
+
+def processes(ctx: RunContext) -> list[dict[str, Any]]:
+    """The traced processes: host, pid, thread names and counts (from the messages rows)."""
+    t = ctx.arrow("messages", ["host_id", "pid", "tid", "comm"])
+    if len(t) == 0:
+        return []
+    df = t.group_by(["host_id", "pid", "tid", "comm"]).aggregate([]).to_pandas()
+    out = []
+    for (h, pid), g in df.groupby(["host_id", "pid"], sort=True, dropna=False):
+        comms = sorted(set(str(c) for c in g["comm"].dropna()))
+        out.append({"host": str(h), "pid": None if pd.isna(pid) else int(pid), "threads": int(g["tid"].nunique()),
+                    "comms": comms})
+    return out
+
+
+def health(ctx: RunContext, d) -> list[dict[str, Any]]:
+    rows = []
+    for host in d.hosts:
+        meta = ctx.metas.get(host, {})
+        c = meta.get("counters") or {}
+        probes = {}
+        for p, v in (c.get("probes") or {}).items():
+            if isinstance(v, dict):
+                probes[p] = {"seen": int(v.get("seen", 0) or 0), "lost": int(v.get("lost", 0) or 0)}
+        sampling = meta.get("sampling") if isinstance(meta.get("sampling"), dict) else {}
+        rows.append({"host": host, "probes": probes, "messages": c.get("messages"),
+                     "rows_dropped": int(c.get("rows_dropped") or 0), "consumer_cpu_s": c.get("consumer_cpu_s"),
+                     "sampling_rate": sampling.get("rate", 1.0) if sampling else 1.0,
+                     "closed": bool(meta.get("closed")), "meta": bool(meta)})
+    return rows
+
+
+def build_model(d, run_dirs: list[Path] | None) -> dict[str, Any]:
+    from reports.findings import findings
+
+    ctx = RunContext.open(run_dirs, d)
+    done = d.complete
+    start_ref, _ = request_times_ref(done, ctx.timeline) if len(done) else (np.zeros(0, np.int64), None)
+    m: dict[str, Any] = {
+        "summary": summary(d),
+        "hosts": list(d.hosts),
+        "timeline": {"ref": ctx.timeline.ref, "unaligned": ctx.timeline.unaligned},
+        "breakdown": breakdown(done),
+        "cdf": cdfs(done),
+        "over_time": over_time(done, start_ref),
+        "concurrency": concurrency(d, ctx.timeline),
+        "connections": connection_management(d, ctx),
+        "skew": key_skew(ctx),
+        "clocks": clocks(d, ctx, done),
+        "health": health(ctx, d),
+        "processes": processes(ctx),
+        "sampling_rate": d.sampling_rate,
+        "started_realtime_ns": min((int(v["started_realtime_ns"]) for v in ctx.metas.values()
+                                    if isinstance(v.get("started_realtime_ns"), int)), default=None),
+    }
+    m["findings"] = findings(m)
+    return m
