@@ -251,7 +251,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
         fmt = sockcall_format()
         pipeline = Pipeline(o.out, host_map, meta, framework_on=True, netstack_on=netstack_on,
                             hosts=named_hosts, warn=log, sockcall_fmt=fmt)
-        if fmt == "items" and live.walker_error is None:
+        if fmt == "items":
             pipeline.decoder.on_sync_hint = live.sync_hint
         if o.record:
             recorder = RecordWriter(o.record, {**meta, "probes": config["probes"], "sockcall_format": fmt,

@@ -359,8 +359,8 @@ class LiveSource:
         except Exception as e:
             # calls are still traced, with a raw prefix each: say so, go on
             self.walker_error = str(e)
-            self.warn(f"the ZMTP walker did not load ({e}); tracing with a payload prefix "
-                      "per call: messages past it are lost")
+            self.warn(f"the ZMTP walker's programs did not all load ({e}): calls it cannot "
+                      "walk carry a payload prefix only, message ends may have no kernel times")
 
     def config(self) -> dict:
         """What a recording's header and meta.json say about the probes."""
