@@ -650,7 +650,7 @@ static __always_inline int zw_header(struct zw_scratch *s, u64 addr, u64 avail)
 	if (take > r - first)
 		take = r - first;
 #pragma unroll
-	for (int k = 1; k < 9; k++) {
+	for (int k = 0; k < 9; k++) { /* k = 0: a call that begins inside the size */
 		if (k >= first && k < first + take)
 			st->acc = (st->acc << 8) | h[k];
 	}
