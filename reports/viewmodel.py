@@ -139,7 +139,8 @@ def clocks(d, ctx: RunContext, done: pd.DataFrame) -> list[dict[str, Any]]:
                        "trip on the wire, is exact)")
             if wr:
                 meaning += f"; mean wire_req here is {wr:,.1f} us"
-        rows.append({"pair": m.key, "a": a, "b": b, **j, "meaning": meaning, "note": m.note})
+        rows.append({"pair": m.key, "a": a, "b": b, **j, "meaning": meaning, "note": m.note,
+                     "wire_req_mean_us": wr})
     return rows
 
 
