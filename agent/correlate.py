@@ -162,7 +162,8 @@ class Correlator:
         self._wires: dict[tuple, list[Pending]] = defaultdict(list)    # group key -> pending wires
         self._fws: dict[tuple, list[PendingFw]] = defaultdict(list)    # group key -> pending fw
         self._group_touched: dict[tuple, int] = {}   # in order of last touch (re-inserted)
-        self._expiry: list[tuple[int, tuple]] = []     # heap of (when, group key)
+        self._expiry: list[tuple[int, int, tuple]] = []  # heap of (when, tie-break, group key)
+        self._expiry_seq = 0
         self._unkeyed: list[Pending] = []
         self._ready: list[Pending] = []
         self._waiting: list[Pending] = []              # rows waiting for their ids
@@ -352,7 +353,7 @@ class Correlator:
         # groups that could not be settled: give up on members older than HOLD_NS
         exp = self._expiry
         while exp and (final or exp[0][0] <= now):
-            _, key = heapq.heappop(exp)
+            _, _, key = heapq.heappop(exp)
             if key not in touched:   # a group touched again is settled again first
                 self._settle(key, final)
         if self._unkeyed:
@@ -396,7 +397,9 @@ class Correlator:
             else:
                 del self._fws[key]
         if oldest is not None:
-            heapq.heappush(self._expiry, (oldest + HOLD_NS, key))
+            # the counter breaks ties: group keys may hold None (absent ids), which do not compare
+            self._expiry_seq += 1
+            heapq.heappush(self._expiry, (oldest + HOLD_NS, self._expiry_seq, key))
 
     def _emit_ready(self, final: bool) -> None:
         """Rows out, once their sender and recver are known (or they waited HOLD_NS).

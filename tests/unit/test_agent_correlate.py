@@ -156,3 +156,18 @@ def test_without_netstack_kernel_stages_are_null_with_the_reason():
     assert reasons["ts_framework_ns"] == correlate.R_NO_FW_PROBE
     assert row["ts_send_first_enter_ns"] == 10_000 and row["ts_send_last_exit_ns"] == 10_500
     assert row["op"] == "pull" and row["num_keys"] == 1 and row["sender"] == 9
+
+
+def test_groups_whose_ids_are_absent_expire_without_comparing_none():
+    """Control messages without app_id/timestamp still form groups; two expiring at
+    the same time must not compare their keys (None < int)."""
+    rig = Rig()
+    for ts, cust in ((None, 5), (7, 5)):
+        spec = MessageSpec(timestamp=ts, request=True, push=False, customer_id=cust, keys=[1], vals=b"")
+        rig.fw(spec, sock=0xA, ts=1_000)
+        rig.fw(replace(spec, keys=[2]), sock=0xB, ts=1_000)
+    rig.cor.now_ns += correlate.SETTLE_NS
+    rig.cor.step()
+    rig.cor.now_ns += 2 * correlate.HOLD_NS
+    rig.cor.step()
+    assert rig.cor.counters["framework_unmatched"] == 4
