@@ -85,14 +85,16 @@ def op_skew(t: pa.Table) -> dict[str, Any] | None:
     total_bytes = float(pc.sum(t["msg_bytes"]).as_py() or 0)
     value_bytes = float(pc.sum(t["value_bytes"]).as_py() or 0)
     keys_all = float(pc.sum(t["num_keys"]).as_py() or 0)
-    ok = pc.and_(pc.fill_null(t["key_sample_complete"], False), pc.greater(pc.fill_null(t["num_keys"], 0), 0))
+    # a message whose keys frame was not seen has an empty sample: not sampled
+    ok = pc.and_(pc.and_(pc.fill_null(t["key_sample_complete"], False), pc.greater(pc.fill_null(t["num_keys"], 0), 0)),
+                 pc.greater(pc.fill_null(pc.list_value_length(t["key_sample"]), 0), 0))
     s = t.filter(ok)
     m = len(s)
     out: dict[str, Any] = {"messages": n_all, "messages_sampled": m, "keys_per_message": keys_all / n_all,
                            "push_bytes": total_bytes,
                            "bytes_per_key": (value_bytes / keys_all + KEY_BYTES) if keys_all else None}
     if m == 0:
-        out["why_none"] = "no message carried a complete key sample"
+        out["why_none"] = "no message carried a key sample"
         return out
     lists = s["key_sample"].combine_chunks()
     offsets = lists.offsets.to_numpy()
