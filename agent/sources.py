@@ -328,12 +328,10 @@ class LiveSource:
 
     def start(self) -> "LiveSource":
         try:
-            # The framework uprobes first: once the kernel probes attach, their events
-            # flow, and a framework probe still compiling then would leave the first
-            # seconds of messages without their framework records.
-            for lib in self.sel.libs:
-                self._probe_library(Path(lib), None)
-            self.rescan(force=True)
+            # Kernel probes first, then the framework uprobes: nothing drains the rings
+            # until start() returns, and the kernel probes' compile is the long one
+            # (seconds on a busy machine), which would overflow the framework ring. The
+            # first messages then lack their framework record (and say so).
             self.program = self._load_kernel_probes()
             self._install_walker()
             for probe in self.program.generated.probes:
@@ -344,6 +342,9 @@ class LiveSource:
                     return 0
 
                 self.program.bpf[probe.ring.encode()].open_ring_buffer(callback)
+            for lib in self.sel.libs:
+                self._probe_library(Path(lib), None)
+            self.rescan(force=True)
         except BaseException:
             self.close()
             raise
