@@ -71,9 +71,11 @@ class Browser:
         return pages[0]["webSocketDebuggerUrl"]
 
     def open(self, url: str, timeout_s: float = 60, init_script: str | None = None,
-             screenshot: Path | None = None, texts: dict | None = None) -> PageResult:
+             screenshot: Path | None = None, texts: dict | None = None,
+             evals: dict | None = None) -> PageResult:
         """Load `url`, wait until the report says it is ready, collect errors (and a screenshot,
-        and innerText of the CSS selectors in `texts`)."""
+        the text of the CSS selectors in `texts`, and the values of the expressions in `evals`,
+        read once every plot is drawn)."""
         import websocket
         ws = websocket.create_connection(self._target(), timeout=timeout_s, suppress_origin=True)
         events: list[dict] = []
@@ -113,6 +115,9 @@ class Browser:
                          expression=f"Array.from(document.querySelectorAll({json.dumps(sel)}))"
                                     ".map(e => e.textContent).join('\\n')")
                 got[name] = r["result"].get("value", "")
+            for name, expr in (evals or {}).items():
+                r = call("Runtime.evaluate", expression=f"JSON.stringify({expr})", returnByValue=True)
+                got[name] = json.loads(r["result"].get("value") or "null")
             shot = None
             if screenshot is not None:
                 r = call("Page.captureScreenshot", format="png")
