@@ -244,6 +244,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        attached_ns = time.monotonic_ns()   # no event is older: a valid first watermark
         live.start()
         config = live.config()
         netstack_on = any(p not in ("sockcalls", "framework") for p in config["probes"])
@@ -257,6 +258,10 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
             recorder = RecordWriter(o.record, {**meta, "probes": config["probes"], "sockcall_format": fmt,
                                                "netns_names": {str(k): v for k, v in host_map.names().items()},
                                                "host_id": host_map.default})
+        # From the first event on, time moves by watermarks only: the first drain
+        # can take seconds (the backlog of the compile time, while the job runs on)
+        # and must not expire what the other ring still holds.
+        sink(NOTE_PROBE, b'{"watermark_ns": %d}' % attached_ns)
         log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
             f"{live.program.compile_s + live.program.attach_s:.1f} s); Ctrl-C to stop")
         deadline = time.monotonic() + o.duration_s if o.duration_s else None
