@@ -178,6 +178,10 @@ def skew_findings(m: dict) -> list[str]:
                   "would remove up to " + ", ".join(pct(agg[k_]) for k_ in pick) + " of push bytes "
                   "(if each round's pushes of a key meet at the switch).")
         out.append(s)
+    if not out:
+        why = "; ".join(f"{op}: {k[op].get('why_none')}" for op in ("push", "pull")
+                        if isinstance(k.get(op), dict) and k[op].get("why_none"))
+        out.append(f"Key skew: no request message carried a key sample ({why or 'none seen'}).")
     return out
 
 
