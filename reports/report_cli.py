@@ -10,8 +10,10 @@ import typer
 
 from agent.errors import UserError
 
-FORMATS = ("term", "json", "parquet", "csv")
-EXTENSIONS = {".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "term"}
+FORMATS = ("term", "json", "parquet", "csv", "html", "trace")
+EXTENSIONS = {".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "term",
+              ".html": "html", ".htm": "html"}
+FILE_ONLY = ("parquet", "csv", "html", "trace")  # formats that are not for a terminal
 TERM_WIDTH_FILE = 100
 
 
@@ -22,14 +24,15 @@ def pick_format(fmt: str | None, output: Path | None) -> str:
         if fmt not in FORMATS:
             raise UserError(f"--format {fmt}: give one of {', '.join(FORMATS)}")
     elif output is not None:
-        fmt = EXTENSIONS.get(output.suffix.lower())
+        # a Chrome/Perfetto trace is JSON too: it is told apart by its name
+        fmt = "trace" if output.name.lower().endswith(".trace.json") else EXTENSIONS.get(output.suffix.lower())
         if fmt is None:
             raise UserError(f"-o {output}: cannot tell the format from '{output.suffix or 'no extension'}'; "
-                            f"name it .json/.parquet/.csv/.txt or give --format")
+                            f"name it .json/.trace.json/.html/.parquet/.csv/.txt or give --format")
     else:
         fmt = "term"
-    if fmt in ("parquet", "csv") and output is None:
-        raise UserError(f"--format {fmt} writes the per-request table to a file: give -o FILE")
+    if fmt in FILE_ONLY and output is None:
+        raise UserError(f"--format {fmt} writes a file: give -o FILE")
     return fmt
 
 
@@ -55,8 +58,9 @@ def request_table(requests):
 def report(
     run_dirs: List[Path] = typer.Argument(..., help="run dirs of one run, one per host (or the dir "
                                           "`pslat agent --out DIR` wrote)", show_default=False),
-    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="term | json (the summary) | parquet | csv "
-                                      "(one row per request); default: from -o's extension, else term",
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="term | json (the summary) | html (self-contained "
+                                      "report) | trace (Chrome/Perfetto) | parquet | csv (one row per "
+                                      "request); default: from -o's extension, else term",
                                       rich_help_panel="Output", show_default=False),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write to FILE instead of the screen",
                                           rich_help_panel="Output", show_default=False),
@@ -68,15 +72,17 @@ def report(
     from rich.console import Console
 
     from reports.dissect import dissect
-    from reports.render_term import SummaryView
     from reports.summary import summary
+    from reports.term_report import FullReport
+    from reports.viewmodel import build_model
 
     if clocks not in ("auto", "estimate"):
         raise UserError(f"--clocks {clocks}: give auto or estimate")
     fmt = pick_format(fmt, output)
     d = dissect(list(run_dirs), force_estimate=clocks == "estimate")
+    dirs = list(run_dirs)
     if fmt == "term" and output is None:
-        Console(highlight=False).print(SummaryView(summary(d)))
+        Console(highlight=False).print(FullReport(build_model(d, dirs)))
         return
     for p in d.problems:   # the screen view shows them; a file does not reach the user's eyes
         print(f"pslat report: warning: {p}", file=sys.stderr)
@@ -88,23 +94,32 @@ def report(
         _write(output, lambda f: f.write(text))
     elif fmt == "term":
         _write(output, lambda f: Console(file=f, width=TERM_WIDTH_FILE, color_system=None,
-                                         highlight=False).print(SummaryView(summary(d))))
+                                         highlight=False).print(FullReport(build_model(d, dirs))))
+    elif fmt == "html":
+        from reports.html import write_html
+        _guard_write(output, lambda: write_html(d, output, dirs))
+    elif fmt == "trace":
+        from reports.trace import write_trace
+        _guard_write(output, lambda: write_trace(d, output, dirs))
     else:
         table = request_table(d.requests)
         if fmt == "csv":
             _write(output, lambda f: table.to_csv(f, index=False))
         else:
-            try:
-                table.to_parquet(output, index=False)
-            except OSError as e:
-                raise UserError(f"cannot write {output}: {e.strerror or e}") from None
+            _guard_write(output, lambda: table.to_parquet(output, index=False))
     print(f"pslat report: wrote {output} ({fmt}, {len(d.requests):,} requests)", file=sys.stderr)
 
 
-def _write(path: Path, fill) -> None:
+def _guard_write(path: Path, write) -> None:
     try:
-        with open(path, "w", newline="") as f:
-            fill(f)
+        write()
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}; check the directory exists and is writable") \
             from None
+
+
+def _write(path: Path, fill) -> None:
+    def write():
+        with open(path, "w", newline="") as f:
+            fill(f)
+    _guard_write(path, write)
