@@ -1,8 +1,8 @@
-"""`pslat demo`: a virtual cluster, psbench on it, and what it measured.
+"""`pslat demo`: a virtual cluster, psbench on it traced by one agent for all
+hosts, and the reports: where each push/pull's latency went.
 
-Later steps run the agent on every host and print the latency breakdown; for
-now the demo shows psbench's own ground truth, the figures the agent's
-measurements will be checked against.
+It also prints psbench's own ground truth, the figures the agent's
+measurements are checked against.
 """
 from __future__ import annotations
 
@@ -22,9 +22,18 @@ def demo(
     duration: float = typer.Option(20.0, "--duration", help="seconds of traffic"),
     out: Path = typer.Option(None, "--out", help="output dir [default: ./pslat-demo-<time>]"),
 ) -> None:
-    """Run psbench (2 servers, 4 workers) in a virtual cluster and summarise it."""
+    """Trace psbench (2 servers, 4 workers) in a virtual cluster and report where its latency went."""
+    import json
+
     from rich.console import Console
 
+    from agent.child import AgentProcess
+    from probes.zmq_layout import pyzmq_libzmq
+    from reports.dissect import dissect
+    from reports.html import write_html
+    from reports.summary import summary
+    from reports.term_report import FullReport
+    from reports.viewmodel import build_model
     from workloads.cluster.cluster import Cluster
     from workloads.psbench.launch import launch_in_cluster
     from workloads.psbench.summary import summarize, summary_table
@@ -39,10 +48,21 @@ def demo(
     console = Console()
     names = [f"ps{i}" for i in range(servers)] + [f"w{j}" for j in range(workers)]
     console.print(f"[bold]cluster[/]: {len(names)} hosts, wire {wire_delay_ms} ms each way")
+    agent_args = [arg for n in names for arg in ("--netns", n)] + ["--lib", str(pyzmq_libzmq())]
     with Cluster(names, wire_delay_ms=wire_delay_ms, log_dir=out / "wire") as cluster:
-        console.print(f"[bold]psbench[/]: {servers} servers x {workers} workers for {duration:g} s")
-        with launch_in_cluster(cluster, out / "psbench", servers=servers, workers=workers,
-                               duration_s=duration, server_delay_ms=server_delay_ms) as job:
-            job.wait()
+        console.print("[bold]agent[/]: one for all hosts, compiling and attaching its probes")
+        with AgentProcess(out / "agent", agent_args) as agent:
+            console.print(f"[bold]psbench[/]: {servers} servers x {workers} workers for {duration:g} s")
+            with launch_in_cluster(cluster, out / "psbench", servers=servers, workers=workers,
+                                   duration_s=duration, server_delay_ms=server_delay_ms) as job:
+                job.wait()
+            if agent.stop() != 0:
+                raise UserError(f"the agent failed: {agent.log_tail()}")
     console.print(summary_table(summarize(out / "psbench")))
-    console.print(f"output in {out}")
+
+    run_dirs = sorted(p for p in (out / "agent").iterdir() if p.is_dir())
+    d = dissect(run_dirs)
+    (out / "summary.json").write_text(json.dumps(summary(d), indent=1) + "\n")
+    write_html(d, out / "report.html", run_dirs)
+    console.print(FullReport(build_model(d, run_dirs)))
+    console.print(f"output in {out}: summary.json, report.html, agent/ (run dirs), psbench/ (ground truth)")

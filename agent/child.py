@@ -1,0 +1,86 @@
+"""`pslat agent` as a child process, for the demo, the benchmarks and tests.
+
+Started, it is waited for until it says "ready:" on stderr (its probes are
+attached), never for a fixed time; stopped, it gets SIGINT and is given time to
+detach and close its run dirs.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from agent.errors import UserError
+
+READY_MARK = "ready:"
+
+
+class AgentProcess:
+    """`pslat agent --out OUT ARGS...`; a context manager that stops it on exit."""
+
+    def __init__(self, out: Path, args: list[str], ready_timeout_s: float = 120.0, echo=None):
+        self.out = Path(out)
+        argv = [sys.executable, "-m", "agent.cli", "agent", "--out", str(self.out), *args]
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+        self.lines: list[str] = []
+        self._echo = echo
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stderr], [], [], left)[0]:
+                self.kill()
+                raise UserError(f"the agent did not get ready in {ready_timeout_s:g} s: {self.log_tail()}")
+            line = self.proc.stderr.readline()
+            if not line:
+                raise UserError(f"the agent exited with {self.proc.wait()} before it was ready: {self.log_tail()}")
+            self._add(line)
+            if READY_MARK in line:
+                self.ready_ns = time.monotonic_ns()
+                break
+        # keep draining stderr so the agent never blocks on a full pipe
+        self._drain = threading.Thread(target=self._read_rest, daemon=True)
+        self._drain.start()
+
+    def _add(self, line: str) -> None:
+        self.lines.append(line)
+        if self._echo:
+            self._echo(line.rstrip("\n"))
+
+    def _read_rest(self) -> None:
+        for line in self.proc.stderr:
+            self._add(line)
+
+    def log_tail(self, n: int = 10) -> str:
+        return "".join(self.lines[-n:]).strip()
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGINT, then wait for it to detach and close its run dirs; its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise UserError(f"the agent did not stop within {timeout_s:g} s after SIGINT: {self.log_tail()}")
+        self._drain.join(5)
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "AgentProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.stop()
+            finally:
+                self.kill()
