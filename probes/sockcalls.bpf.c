@@ -311,6 +311,7 @@ int sc_exit(void *ctx)
 		/* only reached when the walker is not installed */
 		zw_stop(s, SOCKCALL_STOP_NO_WALKER, 0);
 	}
+	zw_write_stop(s);
 	zw_finish(s);
 	return 0;
 }
@@ -334,6 +335,7 @@ int zw_walk(void *ctx)
 		/* the kernel's tail call limit: this call has too many frames */
 		zw_stop(s, SOCKCALL_STOP_BUDGET, 0);
 	}
+	zw_write_stop(s);
 #ifdef NETSTACK_LOADED
 	if (s->w.n_ends)
 		sockcalls_progs.call(ctx, ZW_PROG_ENDS);

@@ -98,7 +98,7 @@ SOCKCALLS = Probe(
         "SOCKCALLS_PREFIX_BYTES": (256, 0, 512),  # raw bytes of an unsynced call (and after a desync)
         "SOCKCALLS_WALK_CONNS_MAX": (32768, 64, 1 << 22),  # connection directions walked (~64 B each)
         "SOCKCALLS_HINTS_MAX": (4096, 16, 1 << 20),  # sync hints waiting to apply
-        "SOCKCALLS_ENDS_PER_PASS": (16, 1, 64),  # message ends per netstack lookup pass
+        "SOCKCALLS_ENDS_PER_PASS": (8, 1, 8),  # message ends per netstack lookup pass (verifier: ~55k insns each)
     },
 )
 

@@ -382,17 +382,16 @@ static __always_inline void zw_copy_raw(struct zw_scratch *s, u64 from, u64 len,
 {
 	struct zw_walk *w = &s->w;
 	u64 skip = from;
-#pragma unroll
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < SOCKCALLS_IOV_WALK_MAX; i++) {
 		if (i >= w->niov || len == 0)
 			break;
-		u64 l = w->iov[i].len;
+		u64 l = w->iov[i & (ZW_IOV_MAX - 1)].len;
 		if (skip >= l) {
 			skip -= l;
 			continue;
 		}
 		u64 n = l - skip < len ? l - skip : len;
-		if (zw_copy_user(s, from, w->iov[i].base + skip, n, what))
+		if (zw_copy_user(s, from, w->iov[i & (ZW_IOV_MAX - 1)].base + skip, n, what))
 			return;
 		from += n;
 		len -= n;
@@ -984,12 +983,11 @@ static __always_inline int zw_ends_lookup(struct zw_scratch *s)
 #endif
 }
 
-/* The call is walked: per-call netstack state, counters, connection state,
+/* The call is walked (and zw_write_stop done): per-call netstack state, counters, connection state,
  * the last record. */
 static __always_inline void zw_finish(struct zw_scratch *s)
 {
 	struct zw_walk *w = &s->w;
-	zw_write_stop(s);
 #ifdef NETSTACK_LOADED
 	if (w->any_end) {
 		if (w->key.dir == ZW_DIR_TX)

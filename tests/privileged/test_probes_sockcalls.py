@@ -5,7 +5,8 @@ script of messages over three connections (one made before the probe
 attached, one after, one over IPv6) with every call of the family, and log
 each call they make. The probe is filtered by --pid (server), --comm (client,
 whose I/O runs in a thread with another name) and --netns A. It must report
-exactly the logged TCP calls -- byte counts, payload prefixes, 4-tuples,
+exactly the logged TCP calls -- byte counts, payload prefixes (the bytes are
+not ZMTP, so the walker hands over each call's first bytes raw),  4-tuples,
 consecutive sequence ranges, ISNs that agree across the two ends -- and
 nothing from: the same processes' non-TCP I/O, a process that is not
 selected (namespace A), and a selected pid whose sockets are in namespace B.
@@ -306,7 +307,7 @@ def test_sockcalls_sees_exactly_the_selected_tcp_calls(namespaces):
     from probes.events import AF_INET, AF_INET6, SOCKCALL_F_ISN_DERIVED, SOCKCALL_F_ISN_EXACT, SockCall
     from probes.filters import Filters
     from probes.loader import ProbeProgram
-    from probes.sockcalls import SOCKCALLS
+    from probes.sockcalls import SOCKCALLS, install_walker
 
     ns_a, ns_b = namespaces
     deadline = time.monotonic() + PEER_TIMEOUT_S
@@ -326,6 +327,7 @@ def test_sockcalls_sees_exactly_the_selected_tcp_calls(namespaces):
                                 netns=[ns_a])
         events = []
         with ProbeProgram.start([SOCKCALLS], filters) as prog:
+            install_walker(prog)
             prog.on_events(lambda _probe, ev: events.append(ev))
             for p in peers:
                 p.go()
@@ -352,7 +354,7 @@ def test_sockcalls_sees_exactly_the_selected_tcp_calls(namespaces):
 
     # Exactly the logged calls, in order, with their byte counts and payloads.
     for pid, log in ((pid_server, s_done["log"]), (pid_client, c_done["log"])):
-        seen = [{"call": e.call_kind.name.lower(), "fd": e.fd, "ret": e.ret, "payload": e.payload_data.hex()}
+        seen = [{"call": e.call_kind.name.lower(), "fd": e.fd, "ret": e.ret, "payload": raw_prefix(e).hex()}
                 for e in by_pid[pid]]
         assert seen == log
         evs = by_pid[pid]
@@ -409,7 +411,24 @@ def test_sockcalls_sees_exactly_the_selected_tcp_calls(namespaces):
 
     # The failed send is an event; the EAGAIN receive only a count.
     assert by_pid[pid_client][-1].ret == -32 and by_pid[pid_client][-1].call_kind is SockCall.SENDTO
-    assert counters == {"seen": len(events), "lost": 0, "eagain": 1, "inflight_full": 0}
+    assert {k: counters[k] for k in ("seen", "lost", "eagain", "inflight_full")} == {
+        "seen": len(events), "lost": 0, "eagain": 1, "inflight_full": 0}
+    # Each direction of each connection, at each end, started with bytes that
+    # are no ZMTP greeting: the walker said so once, and never walked them.
+    assert counters["not_zmtp"] == 3 * 2 * 2
+    assert counters["walk_bytes"] == counters["frames"] == counters["messages"] == counters["desyncs"] == 0
+
+
+def raw_prefix(ev) -> bytes:
+    """The call's bytes the probe carried, contiguous from its first byte."""
+    from probes.sockcalls import WalkedCall
+
+    out = b""
+    for off, data, _what in WalkedCall(ev, ev.items()).pieces():
+        if off != len(out):
+            break
+        out += data
+    return out
 
 
 @pytest.mark.privileged

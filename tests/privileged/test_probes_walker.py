@@ -42,17 +42,18 @@ STATS_SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 def make_messages(kind: str, count: int, seed: int) -> list[list[bytes]]:
     """ps-lite push requests: frames of PBMeta, keys (sorted uint64), vals, lens.
 
+    tiny: 1..4 keys, 1 float each (under 100 bytes: one fits in a raw prefix);
     small: 1..40 keys, 2 floats each, lens on every other message;
     large: 4000 keys, 4 floats each, lens (32 KB + 64 KB + 16 KB)."""
     from parsers.pslite.encode import MessageSpec
 
     rng = random.Random(seed)
+    nkeys, per = {"tiny": ((1, 4), 1), "small": ((1, 40), 2), "large": ((4000, 4000), 4)}[kind]
     out = []
     for i in range(count):
-        nk = rng.randint(1, 40) if kind == "small" else 4000
-        per = 2 if kind == "small" else 4
+        nk = rng.randint(*nkeys)
         keys = sorted(rng.sample(range(1 << 40), nk))
-        lens = [per] * nk if (kind == "large" or i % 2) else None
+        lens = [per] * nk if (kind == "large" or (kind == "small" and i % 2)) else None
         spec = MessageSpec(request=True, push=True, app_id=1, customer_id=2, timestamp=seed * 100000 + i,
                            keys=keys, vals=rng.randbytes(nk * per * 4), lens=lens)
         out.append(spec.frames())
@@ -146,8 +147,8 @@ class PeerProc:
     """A peer in a namespace, commands on stdin, JSON lines on stdout. While
     it works, `ask` keeps draining the probe's ring buffer."""
 
-    def __init__(self, netns: str, *args):
-        self.proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, __file__, *map(str, args)],
+    def __init__(self, netns: str, *args, script: str = __file__):
+        self.proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, script, *map(str, args)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -279,19 +280,18 @@ def directions(calls, mid_stream: bool = False) -> dict[tuple, Direction]:
     return out
 
 
-def check_messages(d: Direction, sent: list[list[bytes]], first: int = 0) -> None:
-    """The parser's messages from d are sent[first:] exactly: ids, key counts,
-    value bytes, frames; each key sample a subset of the message's keys."""
+def check_messages(got: list, sent: list[list[bytes]]) -> None:
+    """The parser's messages are the sent ones exactly: ids, key counts, value
+    bytes, frames; each key sample a subset of the message's keys."""
     import numpy as np
 
-    got = d.messages
-    assert len(got) == len(sent) - first, (len(got), len(sent) - first)
-    for m, frames in zip(got, sent[first:]):
+    assert len(got) == len(sent), (len(got), len(sent))
+    for m, frames in zip(got, sent):
         keys = np.frombuffer(frames[1], "<u8")
         assert (m.app_id, m.customer_id, m.request, m.op.value) == (1, 2, True, "push")
         assert m.num_keys == len(keys) and m.value_bytes == len(frames[2]) and m.data_frames == len(frames) - 1
         assert set(m.key_sample) <= set(keys.tolist())
-    assert [m.timestamp for m in got] == [expected_timestamp(f) for f in sent[first:]]
+    assert [m.timestamp for m in got] == [expected_timestamp(f) for f in sent]
 
 
 def expected_timestamp(frames: list[bytes]) -> int:
@@ -365,7 +365,7 @@ def test_walker_rebuilds_small_and_large_messages(netns):
     assert tx.event.isn_local == rx.event.isn_remote and tx.event.isn_remote == rx.event.isn_local
 
     for d in (tx, rx):
-        check_messages(d, sent)
+        check_messages(d.messages, sent)
         assert d.parser.stats().desyncs == 0 and d.parser.stats().unparsed_bytes == 0
         # every message end where the app's byte counts put it: the handshake
         # (greeting + READY) then the messages back to back
@@ -459,7 +459,7 @@ def test_walker_counts_garbage_and_keeps_going(netns):
     good = [d for d in dirs.values() if len(d.messages) == len(sent)]
     assert len(good) == 2
     for d in good:
-        check_messages(d, sent)
+        check_messages(d.messages, sent)
         assert not [m for c in d.calls for m in c.marks() if m[1] == SockcallItemKind.WALK_END]
     print("\ncounters:", counters)
 
