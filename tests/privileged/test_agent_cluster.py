@@ -172,30 +172,40 @@ def test_every_slice_on_both_hosts_with_ids_stages_and_framework_times(tmp_path,
             assert (m.op == m.op_truth).all()
             if request:
                 assert (m.num_keys == m.num_keys_truth).all()
-            late = (m.ts_framework_ns - m[t_col]).abs()
             # psbench stamps its time next to the zmq call, in Python: a thread switch
             # (GIL, or a CPU taken by the agent or another node on 2 shared cores) can
-            # fall between the two, so a few slices are milliseconds apart. Those still
-            # sit in causal order with the syscalls (_check_stages): not mismatches.
-            # Measured: p50 ~12 us, p99 0.1-0.4 ms, 98-100% within 200 us.
-            assert late.notna().all(), f"{role} {direction} on {host}: slices without a framework time"
-            assert (late <= FRAMEWORK_TOLERANCE_NS).mean() >= 0.97, \
+            # fall between the two, so a few slices are milliseconds apart (measured:
+            # p50 ~15 us, p99 0.1-0.6 ms, 96-100% within 200 us on a busy machine).
+            # Those lie on the side the stamp's place allows: psbench stamps before
+            # zmq_msg_send and after zmq_msg_recv returned.
+            off = m.ts_framework_ns - m[t_col]
+            assert off.notna().all(), f"{role} {direction} on {host}: slices without a framework time"
+            late = off.abs()
+            assert (late <= FRAMEWORK_TOLERANCE_NS).mean() >= 0.95, \
                 f"{role} {direction} on {host}: framework time p50/p99/max {late.quantile(.5)}/{late.quantile(.99)}/{late.max()} ns"
+            outliers = off[late > FRAMEWORK_TOLERANCE_NS]
+            assert ((outliers > 0) if direction == "tx" else (outliers < 0)).all(), \
+                f"{role} {direction} on {host}: framework times on the wrong side of psbench's: {outliers.tolist()}"
     _check_stages(msgs, metas)
 
 
 def _check_stages(msgs, metas):
+    """Present stages in causal order along each chain, every null one with a reason.
+    The send syscall's exit is not on the chain: veth and loopback hand the skb to the
+    driver inside the syscall, so the last segment's handoff may precede its exit."""
     tx, rx = msgs[msgs.direction == "tx"], msgs[msgs.direction == "rx"]
-    order_tx = ["ts_framework_ns", "ts_send_first_enter_ns", "ts_send_last_exit_ns", "ts_xmit_last_ns",
-                "ts_txdone_last_ns"]
-    order_rx = ["ts_nic_rx_last_ns", "ts_netif_rx_last_ns", "ts_data_ready_ns", "ts_recv_last_exit_ns",
+    chain_tx = ["ts_framework_ns", "ts_send_first_enter_ns", "ts_xmit_last_ns", "ts_txdone_last_ns"]
+    cols_tx = chain_tx + ["ts_send_last_exit_ns"]
+    chain_rx = ["ts_nic_rx_last_ns", "ts_netif_rx_last_ns", "ts_data_ready_ns", "ts_recv_last_exit_ns",
                 "ts_framework_ns"]
-    for df, order in ((tx, order_tx), (rx, order_rx)):
+    for df, chain, cols in ((tx, chain_tx, cols_tx), (rx, chain_rx, chain_rx)):
         for _, row in df[~df.control].iterrows():
             reasons = dict(x.split("=", 1) for x in row.null_reasons.split(";") if x)
-            present = [row[c] for c in order if not pd.isna(row[c])]
-            assert present == sorted(present), f"stages out of order: {row[order].to_dict()}"
-            for c in order:
+            present = [row[c] for c in chain if not pd.isna(row[c])]
+            assert present == sorted(present), f"stages out of order: {row[cols].to_dict()}"
+            if row.direction == "tx":
+                assert row.ts_send_first_enter_ns <= row.ts_send_last_exit_ns
+            for c in cols:
                 assert pd.isna(row[c]) == (c in reasons), (c, row.null_reasons)
     if WALKER:   # veth has a driver handoff, netif_receive and data-ready
         broken = {m["config"].get("walker_error") for m in metas.values()} - {None}
