@@ -50,6 +50,7 @@ RESCAN_INTERVAL_S = 1.0
 # of ~300 bytes, ~110k framework frames of 144 bytes.
 SOCKCALLS_RING_PAGES = 4096
 FRAMEWORK_RING_PAGES = 4096
+NETSTACK_RING_PAGES = 4096   # its 1 MiB default lost events under psbench 2x4 closed loop
 
 
 def agent_version() -> str:
@@ -307,7 +308,11 @@ class LiveSource:
         flt = Filters(tgids=self.sel.pids, comms=self.sel.comms, ports=self.sel.ports,
                       netns_inos=self.sel.netns_inos)
         use = self.netstack if netstack is None else netstack
-        return generate(kernel_probes(use), flt, overrides=self.overrides)
+        probes = kernel_probes(use)
+        overrides = dict(self.overrides)
+        if any(p.name == "netstack" for p in probes):
+            overrides.setdefault("NS_RING_PAGES", NETSTACK_RING_PAGES)
+        return generate(probes, flt, overrides=overrides)
 
     def _load_kernel_probes(self):
         from probes.loader import ProbeProgram
