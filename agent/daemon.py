@@ -136,8 +136,6 @@ class Pipeline:
         out.update({f"correlate_{k}": v for k, v in self.correlator.counters.items()})
         out["tx_ends_retransmitted"] = self.correlator.tx_times.retransmitted_ends
         out["sync_hints"] = self.decoder.hints
-        if self.sockcalls.walk_stops:
-            out["walk_stops"] = {str(k): v for k, v in self.sockcalls.walk_stops.items()}
         out["consumer_cpu_s"] = round(self.cpu_s, 3)
         return out
 

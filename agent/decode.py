@@ -190,7 +190,6 @@ class SockcallAssembler:
         if fmt not in ("prefix", "items"):
             raise ValueError(f"unknown sockcall format {fmt!r}")
         self.format = fmt
-        self.walk_stops: dict[int, int] = {}   # WALK_END reason -> count
         self._calls = None
         if fmt == "items":
             from probes.sockcalls import CallAssembler
@@ -220,11 +219,10 @@ class SockcallAssembler:
             if e.rx_times is not None and len(e.rx_times) >= _RX_TIMES.size:
                 nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(e.rx_times)
                 st.update(rx_stages(nic, netif, dr, flags))
-        walked = wc.walked_ranges()
-        for _off, kind, why, _m in wc.marks():
-            if kind.name == "WALK_END":
-                self.walk_stops[int(why)] = self.walk_stops.get(int(why), 0) + 1
         c = _call(_head(raw), view, ends)
+        # the walker was not following frames at the call's end: a sync hint may help
+        # (why it stopped is in the probe's counters: desyncs, stream_gaps, walk_aborted)
+        walked = wc.walked_ranges()
         c.kernel_unsynced = not walked or walked[-1][1] < total
         return c
 
