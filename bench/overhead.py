@@ -233,7 +233,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds each psbench job issues requests [%(default)s]")
     ap.add_argument("--warmup-s", type=float, default=1.0,
                     help="first seconds of each job left out of its figures [%(default)s]")
-    ap.add_argument("--rate", type=positive(float), default=100.0,
+    ap.add_argument("--rate", type=positive(float), default=50.0,
                     help="production open loop: requests/s per worker [%(default)s]")
     ap.add_argument("--small-keys", type=at_least(1), default=4, help="worst: keys per request [%(default)s]")
     ap.add_argument("--small-dim", type=at_least(1), default=2, help="worst: values per key [%(default)s]")
