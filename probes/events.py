@@ -48,7 +48,7 @@ SOCKCALL_PAYLOAD_MAX = 4096
 # Counter slots of the sockcalls probe, in order (enum pslat_counter, enum sockcall_counter).
 SOCKCALL_COUNTERS = ("seen", "lost", "eagain", "inflight_full", "walk_bytes", "frames", "messages",
                      "desyncs", "key_samples", "truncated", "not_zmtp", "stream_gaps", "walk_aborted",
-                     "hints_applied", "hints_stale")
+                     "hints_applied", "hints_stale", "self_syncs")
 
 
 class SockcallItemKind(enum.IntEnum):
@@ -78,6 +78,7 @@ class WalkStart(enum.IntEnum):
     GREETING = 1
     CONTINUE = 2
     HINT = 3
+    SELF = 4
 
 
 class WalkStop(enum.IntEnum):

@@ -305,13 +305,35 @@ int sc_exit(void *ctx)
 	}
 	u32 isn_next = (send ? ev->isn_local : ev->isn_remote) + 1;
 	int isn_known = (ev->flags & (SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED)) != 0;
-	if (zw_begin(s, in.sk, in.call, send ? ZW_DIR_TX : ZW_DIR_RX, in.ptr, in.len, (u64)ret, isn_next,
-		     isn_known) == ZW_GO) {
+	int next = zw_begin(s, in.sk, in.call, send ? ZW_DIR_TX : ZW_DIR_RX, in.ptr, in.len, (u64)ret, isn_next,
+			    isn_known);
+	if (next == ZW_GO) {
 		sockcalls_progs.call(ctx, ZW_PROG_WALK);
 		/* only reached when the walker is not installed */
 		zw_stop(s, SOCKCALL_STOP_NO_WALKER, 0);
+	} else if (next == ZW_HUNT) {
+		sockcalls_progs.call(ctx, ZW_PROG_HUNT);
+		/* not installed: as an unsynced call without a sync point */
+		zw_copy_raw(s, 0, (u64)ret < SOCKCALLS_PREFIX_BYTES ? (u64)ret : SOCKCALLS_PREFIX_BYTES,
+			    SOCKCALL_BYTES_PREFIX);
 	}
 	zw_write_stop(s);
+	zw_finish(s);
+	return 0;
+}
+
+/* An unsynced call without a hint: look for a sync point in its bytes, walk
+ * from there (zmtp_walk.bpf.h, self-sync). */
+int zw_hunt_prog(void *ctx)
+{
+	struct zw_scratch *s = zw_scratch();
+	if (!s)
+		return 0;
+	if (zw_hunt(s) == ZW_GO) {
+		sockcalls_progs.call(ctx, ZW_PROG_WALK);
+		zw_stop(s, SOCKCALL_STOP_NO_WALKER, 0);
+		zw_write_stop(s);
+	}
 	zw_finish(s);
 	return 0;
 }

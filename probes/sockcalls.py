@@ -106,7 +106,7 @@ SOCKCALLS = Probe(
 # ---------------------------------------------------------------------------
 # The walker's programs and maps (zmtp_walk.bpf.h)
 
-WALKER_PROGRAMS = ("zw_walk", "zw_ends")  # slots 0, 1 of sockcalls_progs (ZW_PROG_*)
+WALKER_PROGRAMS = ("zw_walk", "zw_ends", "zw_hunt_prog")  # slots of sockcalls_progs (ZW_PROG_*)
 _PROG_ARRAY = b"sockcalls_progs"
 _HINT_MAP = b"sockcalls_sync_hint"
 

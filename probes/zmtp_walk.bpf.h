@@ -70,9 +70,19 @@ sc_add(int slot, u64 n);
 #define ZW_DIR_TX 0
 #define ZW_DIR_RX 1
 
-/* tail-call slots of zw_progs */
+/* tail-call slots of sockcalls_progs */
 #define ZW_PROG_WALK 0
 #define ZW_PROG_ENDS 1
+#define ZW_PROG_HUNT 2
+
+/* self-sync of an unsynced call (zw_hunt_find) */
+#define ZW_HUNT_WINDOW 256   /* candidate meta headers are looked for in the call's first bytes */
+#define ZW_HUNT_CANDIDATES 4 /* of which this many are followed */
+#define ZW_HUNT_FRAMES 24    /* headers followed per candidate */
+#define ZW_HUNT_MESSAGES 2   /* messages a candidate's chain must complete inside the call */
+#define ZW_META_FIRST_BYTE 0x08 /* PBMeta's field 1 (head, varint): ps-lite always sets it */
+#define ZW_META_MIN 8
+#define ZW_DATA_FRAMES_MAX 8 /* as parsers/pslite MAX_DATA_FRAMES */
 
 #if SOCKCALLS_IOV_WALK_MAX > ZW_IOV_MAX
 #error "SOCKCALLS_IOV_WALK_MAX is larger than the walker's iovec room"
@@ -174,6 +184,11 @@ struct zw_walk {
 	u64 win[ZW_BLOCK_BYTES / 8 + 2];  /* user bytes being looked at (greeting, keys) */
 	u64 keys[ZW_BLOCK_BYTES / 8 + 2]; /* sampled keys of a scan block, packed */
 	volatile u64 scan_len, scan_skip, scan_m; /* zw_keys' values across zw_hash_block */
+	volatile u32 n_cand;                    /* zw_hunt_find: candidates found */
+	u32 cand[ZW_HUNT_CANDIDATES];
+	volatile u64 h_pos;                     /* zw_chain_ok: where the chain is */
+	volatile u64 h_limit, h_n;              /* zw_hunt_find: bytes searched, candidates' window */
+	volatile u32 h_idx, h_msgs;
 };
 
 struct zw_scratch {
@@ -187,7 +202,7 @@ struct zw_scratch {
 BPF_PERCPU_ARRAY(sockcalls_scratch, struct zw_scratch, 1);
 BPF_TABLE("lru_hash", struct zw_key, struct zw_state, sockcalls_walk, SOCKCALLS_WALK_CONNS_MAX);
 BPF_HASH(sockcalls_sync_hint, struct zw_key, struct zw_hint, SOCKCALLS_HINTS_MAX);
-BPF_PROG_ARRAY(sockcalls_progs, 2);
+BPF_PROG_ARRAY(sockcalls_progs, 3);
 
 static __always_inline void zw_count(int slot, u64 n)
 {
@@ -862,6 +877,19 @@ static __always_inline int zw_synced(u8 phase)
 
 #define ZW_GO 1   /* walk: tail-call the walker */
 #define ZW_DONE 0 /* nothing to walk: finish now */
+#define ZW_HUNT 2 /* unsynced: tail-call zw_hunt to look for a sync point */
+
+/* Start walking an unsynced call at call offset `at`, a frame header. */
+static __always_inline void zw_start_at(struct zw_scratch *s, u64 at, u8 how)
+{
+	struct zw_walk *w = &s->w;
+	zw_seek(w, at);
+	w->walk_from = at;
+	w->st.phase = ZW_HEADER;
+	w->st.hdr_have = 0;
+	w->st.key_samples = 0;
+	zw_mark(s, SOCKCALL_ITEM_WALK_START, how, 0);
+}
 
 /* Set up the walk of a call that moved `total` bytes starting at sequence
  * seq_start: the connection's state, continuity, sync hints. Writes the
@@ -931,15 +959,131 @@ static __always_inline int zw_begin(struct zw_scratch *s, u64 sk, u8 call, u32 d
 			zw_count(SOCKCALL_COUNTER_HINTS_APPLIED, 1);
 		}
 	}
+	if (at >= total && phase == ZW_UNSYNCED)
+		return ZW_HUNT; /* not for NOT_ZMTP: other protocols are not hunted in */
 	zw_copy_raw(s, 0, at < SOCKCALLS_PREFIX_BYTES ? at : SOCKCALLS_PREFIX_BYTES, SOCKCALL_BYTES_PREFIX);
 	if (at >= total)
 		return ZW_DONE;
-	zw_seek(w, at);
-	w->walk_from = at;
-	w->st.phase = ZW_HEADER;
-	w->st.hdr_have = 0;
-	w->st.key_samples = 0;
-	zw_mark(s, SOCKCALL_ITEM_WALK_START, SOCKCALL_WALK_HINT, 0);
+	zw_start_at(s, at, SOCKCALL_WALK_HINT);
+	return ZW_GO;
+}
+
+/* ---- self-sync ------------------------------------------------------------
+ * An unsynced call may show where frames are by itself: in a busy stream of
+ * small messages, by the time user space has found sync the stream has moved
+ * on and its hint is stale. Candidates: a short header of frame 0 (flags
+ * 0x00 or 0x01, size >= 8) whose body starts with PBMeta's first tag (0x08),
+ * in the call's first ZW_HUNT_WINDOW bytes. One is taken when the chain of
+ * frames from it (flags without reserved or COMMAND bits, at most 8 data
+ * frames, every frame 0 a candidate again) completes ZW_HUNT_MESSAGES
+ * messages inside the call: random bytes practically never do. Large frames
+ * (one per call) never qualify: there, user-space hints lie ahead of the
+ * stream and do the job. Only the call's first iovec is searched. */
+
+/* Whether the chain of frames from call offset p completes enough messages
+ * before w->h_limit. Its position, frame index and message count live in the
+ * walk context (volatile): registers would carry a different value on every
+ * path and defeat the verifier's pruning. */
+static __always_inline int zw_chain_ok(struct zw_walk *w, u64 base, u64 p)
+{
+	w->h_pos = p;
+	w->h_idx = 0;
+	w->h_msgs = 0;
+	for (int k = 0; k < ZW_HUNT_FRAMES; k++) {
+		u64 pos = w->h_pos;
+		u64 limit = w->h_limit;
+		if (pos + 3 > limit)
+			return 0;
+		u8 h[16] = {};
+		u64 r = limit - pos;
+		if (r > 10)
+			r = 10;
+		if (bpf_probe_read_user(h, r & 15, (void *)(base + pos)))
+			return 0;
+		u8 f = h[0];
+		if (f & ~(ZW_FLAG_MORE | ZW_FLAG_LONG))
+			return 0;
+		u64 size = h[1], hl = 2;
+		if (f & ZW_FLAG_LONG) {
+			if (r < 9)
+				return 0;
+			size = ((u64)h[1] << 56) | ((u64)h[2] << 48) | ((u64)h[3] << 40) | ((u64)h[4] << 32) |
+			       ((u64)h[5] << 24) | ((u64)h[6] << 16) | ((u64)h[7] << 8) | h[8];
+			hl = 9;
+		}
+		u32 idx = w->h_idx;
+		if (idx == 0) {
+			if ((f & ZW_FLAG_LONG) || size < ZW_META_MIN || h[2] != ZW_META_FIRST_BYTE)
+				return 0;
+		} else if (idx > ZW_DATA_FRAMES_MAX) {
+			return 0;
+		}
+		if (size >> SOCKCALLS_FRAME_MAX_BITS)
+			return 0;
+		w->h_pos = pos + hl + size;
+		if (f & ZW_FLAG_MORE) {
+			w->h_idx = idx + 1;
+		} else {
+			w->h_idx = 0;
+			w->h_msgs += 1;
+			if (w->h_msgs >= ZW_HUNT_MESSAGES)
+				return 1;
+		}
+	}
+	return 0;
+}
+
+/* The call offset where an unsynced call can be walked from, or w->total.
+ * Bounds go through the (volatile) walk context: a loop that breaks on a
+ * comparison with a register narrows that register differently at every
+ * exit, and the verifier would follow each exit separately. */
+static __always_inline u64 zw_hunt_find(struct zw_scratch *s)
+{
+	struct zw_walk *w = &s->w;
+	if (w->niov == 0)
+		return w->total;
+	u64 limit = w->iov[0].len < w->total ? w->iov[0].len : w->total;
+	u64 n = limit < ZW_HUNT_WINDOW ? limit : ZW_HUNT_WINDOW;
+	asm volatile("" : "+r"(n));
+	if (n < 3 || n > ZW_HUNT_WINDOW || bpf_probe_read_user(w->win, n, (void *)w->iov[0].base))
+		return w->total;
+	w->h_limit = limit;
+	w->h_n = n;
+	u8 *b = (u8 *)w->win;
+	w->n_cand = 0;
+	for (int j = 0; j < ZW_HUNT_WINDOW - 2; j++) {
+		if (j + 2 >= w->h_n)
+			break;
+		if (b[j] <= ZW_FLAG_MORE && b[j + 1] >= ZW_META_MIN && b[j + 2] == ZW_META_FIRST_BYTE) {
+			u32 c = w->n_cand;
+			if (c < ZW_HUNT_CANDIDATES) {
+				w->cand[c & (ZW_HUNT_CANDIDATES - 1)] = j;
+				w->n_cand = c + 1;
+			}
+		}
+	}
+	for (int c = 0; c < ZW_HUNT_CANDIDATES; c++) {
+		if (c >= w->n_cand)
+			break;
+		u64 p = w->cand[c & (ZW_HUNT_CANDIDATES - 1)];
+		if (zw_chain_ok(w, w->iov[0].base, p))
+			return p;
+	}
+	return w->total;
+}
+
+/* The unsynced call without a hint: look for a sync point; raw prefix up to
+ * it; walk from it. Returns ZW_GO or ZW_DONE. */
+static __always_inline int zw_hunt(struct zw_scratch *s)
+{
+	struct zw_walk *w = &s->w;
+	u64 at = zw_hunt_find(s);
+	zw_copy_raw(s, 0, at < SOCKCALLS_PREFIX_BYTES ? at : SOCKCALLS_PREFIX_BYTES, SOCKCALL_BYTES_PREFIX);
+	if (at >= w->total)
+		return ZW_DONE;
+	w->st.frame_idx = 0;
+	zw_start_at(s, at, SOCKCALL_WALK_SELF);
+	zw_count(SOCKCALL_COUNTER_SELF_SYNCS, 1);
 	return ZW_GO;
 }
 

@@ -14,8 +14,8 @@ Peers and checks: test_probes_walker.py.
 from __future__ import annotations
 
 import pytest
-from test_probes_walker import (PeerProc, check_messages, directions, make_messages, netns,  # noqa: F401
-                                start_probe)
+from test_probes_walker import (PeerProc, check_messages, directions, expected_timestamp, make_messages,  # noqa: F401
+                                netns, start_probe)
 
 WARMUP = 50   # messages before the probe attaches
 PACED = 10    # tiny messages one by one until both ends are hinted
@@ -86,3 +86,55 @@ def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
     print("\ncounters:", counters)
     assert counters["hints_applied"] == 2 and counters["hints_stale"] == 0
     assert counters["desyncs"] == counters["walk_aborted"] == counters["not_zmtp"] == 0
+
+
+@pytest.mark.privileged
+def test_walker_syncs_by_itself_in_a_busy_stream(netns):  # noqa: F811
+    """Joined in the middle of a burst of small messages, the walker finds
+    sync by itself (a meta header starting a chain of two messages inside
+    one call), without a hint: the parser then gets walked records, and every
+    message from there on is rebuilt."""
+    from probes.events import SockcallItemKind, WalkStart
+
+    router = PeerProc(netns, "router")
+    peers = [router]
+    try:
+        r_ready = router.read()
+        dealer = PeerProc(netns, "dealer", r_ready["port"])
+        peers.append(dealer)
+        d_ready = dealer.read()
+        dealer.ask("connect")
+        dealer.ask(f"send small {WARMUP} 1")
+        router.ask(f"wait {WARMUP}")
+        prog, cap = start_probe(netns)
+        with prog:
+            dealer.ask("send small 1000 300", prog)
+            router.ask(f"wait {WARMUP + 1000}", prog)
+            cap.drain()
+            counters = prog.counters()["sockcalls"]
+    finally:
+        for p in peers:
+            p.stop()
+    sent = make_messages("small", 1000, 300)
+    stamps = [expected_timestamp(f) for f in sent]
+    sides = set()
+    for key, d in directions(cap.calls, mid_stream=True).items():
+        walked = [c for c in d.calls if c.walked_ranges()]
+        if not walked:
+            continue
+        sides.add((key[0], key[2]))
+        first = walked[0]
+        assert [m[2] for m in first.marks() if m[1] == SockcallItemKind.WALK_START] == [WalkStart.SELF]
+        start = d.offset_of_seq(first.event.seq_start) + first.walked_ranges()[0][0]
+        assert all(c.walked_ranges() for c in d.calls[d.calls.index(first):])
+        after = [m for m in d.messages if m.first_byte_offset >= start]
+        i = stamps.index(after[0].timestamp)
+        print(f"\nside {key[0]} {'tx' if key[2] else 'rx'}: synced at message {i} of {len(sent)}, "
+              f"call {d.calls.index(first)} of {len(d.calls)}")
+        assert i < 100
+        check_messages(after, sent[i:])
+        assert d.parser.stats().desyncs == 0
+    assert sides == {(d_ready["pid"], True), (r_ready["pid"], False)}
+    print("counters:", counters)
+    assert counters["self_syncs"] == 2 and counters["hints_applied"] == 0
+    assert counters["desyncs"] == counters["walk_aborted"] == 0
