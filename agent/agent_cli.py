@@ -32,15 +32,21 @@ def agent(
     print_bpf: bool = typer.Option(False, "--print-bpf", help="print the BPF program and exit"),
     netstack: bool = typer.Option(True, "--netstack/--no-netstack", help="also probe the kernel network "
                                   "stack (segment, window, scheduler and connection times)"),
+    listen: Optional[str] = typer.Option(None, "--listen", help="serve live aggregates on ADDR:PORT over "
+                                         "HTTP: /metrics (Prometheus) and /snapshot.json (pslat top); "
+                                         "e.g. 127.0.0.1:9465", rich_help_panel="Output"),
 ) -> None:
     """Trace every ps-lite message of the selected processes, with its per-stage times."""
     from agent.daemon import AgentOptions, replay as do_replay, run_live
 
     if duration is not None and duration <= 0:
         raise UserError(f"--duration {duration:g}: give a positive number of seconds")
+    if listen is not None:
+        from agent.http import parse_listen
+        parse_listen(listen)   # a bad address fails before any probe is compiled
     if replay is not None:
-        if pid or comm or netns or port or lib or record or print_bpf:
-            raise UserError("--replay decodes what a recording holds; leave out the filters, --record and --print-bpf")
+        if pid or comm or netns or port or lib or record or print_bpf or listen:
+            raise UserError("--replay decodes what a recording holds; leave out the filters, --record, --listen and --print-bpf")
         pipeline, elapsed = do_replay(replay, out)
         n = sum(pipeline.events.values())
         rows = ", ".join(f"{h}: {k} messages" for h, k in sorted(pipeline.rows.items())) or "no messages"
@@ -49,4 +55,4 @@ def agent(
         return
     run_live(AgentOptions(out=out, pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
                           ports=tuple(port), host_id=host_id, duration_s=duration, record=record,
-                          libs=tuple(lib), print_bpf=print_bpf, netstack=netstack))
+                          libs=tuple(lib), print_bpf=print_bpf, netstack=netstack, listen=listen))

@@ -66,6 +66,7 @@ class Pipeline:
         self.rows: dict[str, int] = {}
         self.probe_counters: dict[str, dict[str, int]] = {}
         self.cpu_s = 0.0
+        self.live = None   # agent.live.LiveAggregates fed with every row, watermark and counter tick
         for h in hosts:
             self._writer(h)
 
@@ -101,6 +102,8 @@ class Pipeline:
         note = json.loads(raw)
         if "watermark_ns" in note:
             self.correlator.advance(int(note["watermark_ns"]))
+            if self.live is not None:
+                self.live.advance(int(note["watermark_ns"]))
         if "netns" in note and "host" in note:
             self.host_map.set(int(note["netns"]), str(note["host"]))
 
@@ -109,9 +112,13 @@ class Pipeline:
         self._writer(host).append("messages", row)
         self.host_netns.setdefault(host, set()).add(netns_ino)
         self.rows[host] = self.rows.get(host, 0) + 1
+        if self.live is not None:
+            self.live.on_message(row)
 
     def _emit_connection(self, netns_ino: int, row: dict) -> None:
         self._writer(row["host_id"]).append("connections", row)
+        if self.live is not None:
+            self.live.on_connection(row)
 
     def _writer(self, host: str) -> RunDirWriter:
         w = self.writers.get(host)
@@ -141,6 +148,8 @@ class Pipeline:
 
     def set_probe_counters(self, counters: dict[str, dict[str, int]]) -> None:
         self.probe_counters = counters
+        if self.live is not None:
+            self.live.tick(counters, sum(self.events.values()))
 
     def maybe_flush(self) -> None:
         for host, w in self.writers.items():
@@ -171,6 +180,7 @@ class AgentOptions:
     print_bpf: bool = False
     netstack: bool = True
     overrides: dict = field(default_factory=dict)
+    listen: str | None = None   # ADDR:PORT of the live HTTP endpoint (agent.http)
 
 
 def check_prerequisites() -> None:
@@ -205,8 +215,9 @@ def base_meta(sel: Selection, host_map: HostMap, config: dict) -> dict:
     }
 
 
-def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """Trace until SIGINT/SIGTERM or the duration; returns {host id: run dir}."""
+def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregates=None) -> dict[str, Path]:
+    """Trace until SIGINT/SIGTERM or the duration; returns {host id: run dir}.
+    aggregates: an agent.live.LiveAggregates to feed (made here when o.listen is set)."""
     log = log or (lambda m: print(f"pslat agent: {m}", file=sys.stderr, flush=True))
     sel = _selection(o)
     if o.print_bpf:
@@ -240,6 +251,14 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
     def on_signal(signum, _frame):
         stop["why"] = signal.Signals(signum).name
 
+    server = None
+    if o.listen and aggregates is None:
+        from agent.live import LiveAggregates
+        aggregates = LiveAggregates()
+    if o.listen:   # bound before the probes attach: a port in use fails fast, and "ready" means serving
+        from agent.http import serve
+        server = serve(o.listen, aggregates)
+        log(f"serving live aggregates on http://{server.address}/metrics and /snapshot.json")
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         attached_ns = time.monotonic_ns()   # no event is older: a valid first watermark
@@ -250,6 +269,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
         fmt = sockcall_format()
         pipeline = Pipeline(o.out, host_map, meta, framework_on=True, netstack_on=netstack_on,
                             hosts=named_hosts, warn=log, sockcall_fmt=fmt)
+        pipeline.live = aggregates
         if fmt == "items":
             pipeline.decoder.on_sync_hint = live.sync_hint
         if o.record:
@@ -291,6 +311,8 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None) -> dict[
         pipeline.set_probe_counters(live.counters())
     finally:
         live.close()   # detach every probe before anything else can fail
+        if server is not None:
+            server.close()
         for s, h in old.items():
             signal.signal(s, h)
         if recorder is not None:
@@ -312,8 +334,10 @@ _NETNS_AT, _NETNS_END = _netns_slice()
 
 # ---------------------------------------------------------------- replay
 
-def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S) -> tuple[Pipeline, float]:
-    """A recording through the live decoders; returns the pipeline and the seconds it took."""
+def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
+           live=None) -> tuple[Pipeline, float]:
+    """A recording through the live decoders; returns the pipeline and the seconds it took.
+    live: an agent.live.LiveAggregates to feed as the live agent would."""
     src = ReplaySource(path)
     h = src.header
     names = {int(k): v for k, v in h.get("netns_names", {}).items()}
@@ -325,6 +349,7 @@ def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S) ->
     pipeline = Pipeline(out, host_map, meta, framework_on="framework" in probes,
                         netstack_on=any(p not in ("sockcalls", "framework", NOTE_PROBE) for p in probes),
                         shard_interval_s=shard_interval_s, sockcall_fmt=h.get("sockcall_format", "prefix"))
+    pipeline.live = live
     t0 = time.perf_counter()
     c0 = time.process_time()
     src.run(pipeline.handle)

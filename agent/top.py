@@ -1,0 +1,368 @@
+"""`pslat top`: a live terminal view of the agents' aggregates (agent.live), every second.
+
+    pslat top --agent 127.0.0.1:9465 --agent h1:9465    # running agents, merged into one view
+    pslat top --comm psbench                              # no agent: trace here, in this process
+    pslat top --snapshot snap.json                        # draw a saved /snapshot.json once
+
+Per host, role (cli: it sent the requests; srv: it served them), op and peer:
+requests/s, p50/p99 of the time this host saw, and a bar of how that time
+splits into its own components: host, NIC, network-and-remote (what it cannot
+see from here), unsplit (a missing stage joined host and network time). `d` or
+--detail shows the finer components. Keys: `d` detail, `q` quit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from agent.errors import UserError
+from agent.live import CLIENT_COMPONENTS, GROUP_OF, GROUPS, SERVER_COMPONENTS, UNSPLIT, merge_snapshots, quantile_ns
+
+REFRESH_S = 1.0
+GROUP_GLYPH = {"host": "█", "nic": "▓", "network_and_remote": "░", UNSPLIT: "·"}
+GROUP_STYLE = {"host": "red", "nic": "yellow", "network_and_remote": "blue", UNSPLIT: "bright_black"}
+GROUP_LABEL = {"host": "host", "nic": "NIC", "network_and_remote": "network+remote", UNSPLIT: "unsplit"}
+FINE = CLIENT_COMPONENTS + SERVER_COMPONENTS + [UNSPLIT]
+# detail: one letter per layer, lower case on the way out (tx), upper case on the way in (rx);
+# the ROLE column says whose side it is
+FINE_GLYPH = {"client_user_tx": "u", "client_kernel_tx": "k", "client_nic_tx": "n", "network_and_remote": "~",
+              "client_nic_rx": "N", "client_kernel_rx": "K", "client_user_rx": "U",
+              "server_nic_rx": "N", "server_kernel_rx": "K", "server_user": "S", "server_kernel_tx": "k",
+              "server_nic_tx": "n", UNSPLIT: "·"}
+FINE_STYLE = {c: GROUP_STYLE[GROUP_OF[c]] for c in FINE}
+DETAIL_LEGEND = [("u", "U", "user tx/rx"), ("k", "K", "kernel tx/rx"), ("n", "N", "NIC tx/rx"),
+                 ("~", "", "network+remote"), ("S", "", "server user"), ("·", "", "unsplit")]
+
+
+def fmt_ns(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if abs(v) < 1e6:
+        return f"{v / 1e3:.0f}us" if abs(v) >= 1e4 else f"{v / 1e3:.1f}us"
+    if abs(v) < 1e9:
+        return f"{v / 1e6:.1f}ms"
+    return f"{v / 1e9:.2f}s"
+
+
+def fmt_rate(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _peer(peer: str, ip_hosts: dict[str, str]) -> str:
+    return ip_hosts.get(peer, peer)
+
+
+def _means(g: dict, names: list[str]) -> dict[str, float]:
+    n = g["hists"]["e2e"]["n"] or 1
+    return {c: max(0.0, g["hists"][c]["sum_ns"] / n) for c in names if c in g["hists"]}
+
+
+def bar(g: dict, width: int, detail: bool):
+    """A stacked bar of this host's components (mean share per request); largest remainders fill it."""
+    from rich.text import Text
+    if detail:
+        parts = _means(g, FINE)
+        glyph, style = FINE_GLYPH, FINE_STYLE
+        order = [c for c in FINE if c in parts]
+    else:
+        fine = _means(g, FINE)
+        parts = {}
+        for c, v in fine.items():
+            parts[GROUP_OF[c]] = parts.get(GROUP_OF[c], 0.0) + v
+        glyph, style = GROUP_GLYPH, GROUP_STYLE
+        order = [x for x in GROUPS if x in parts]
+    total = sum(parts.values())
+    t = Text()
+    if total <= 0 or width <= 0:
+        return t
+    exact = [parts[c] / total * width for c in order]
+    cells = [int(x) for x in exact]
+    for i in sorted(range(len(order)), key=lambda i: exact[i] - cells[i], reverse=True)[:width - sum(cells)]:
+        cells[i] += 1
+    for c, k in zip(order, cells):
+        t.append(glyph[c] * k, style=style[c])
+    return t
+
+
+def _legend(detail: bool):
+    from rich.text import Text
+    t = Text()
+    if detail:
+        for lo, hi, label in DETAIL_LEGEND:
+            t.append(lo + ("/" + hi if hi else "")).append(f" {label}  ")
+    else:
+        for x in GROUPS:
+            t.append(GROUP_GLYPH[x], style=GROUP_STYLE[x]).append(f" {GROUP_LABEL[x]}  ")
+    return t
+
+
+def render(snap: dict, width: int, height: int, detail: bool = False, status: str = ""):
+    """The whole screen for one snapshot, fitted to width x height."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    wide = width >= 110
+    ip_hosts = snap.get("ip_hosts", {})
+    groups = sorted(snap.get("groups", []), key=lambda g: (-g["rate_per_s"], g["host"], g["role"], g["op"]))
+    hosts = sorted({g["host"] for g in groups} | set(snap.get("connections", {})))
+    agents = snap.get("agents", [])
+    head = Text(no_wrap=True, overflow="ellipsis")
+    head.append("pslat top", style="bold").append(
+        f"  {len(agents)} agent{'s' * (len(agents) != 1)} · {len(hosts)} host{'s' * (len(hosts) != 1)}"
+        f" · last {snap.get('window_s', 0)} s · {'detail' if detail else 'groups'} (d) · quit (q)")
+    if status:
+        head.append(f"  {status}", style="italic")
+
+    keys, conns = snap.get("keys", {}), snap.get("connections", {})
+    n_keys = TOP_KEYS_WIDE if wide else TOP_KEYS_NARROW
+    key_lines = [_key_line(h, keys[h], n_keys) for h in hosts if h in keys and keys[h]["top"]]
+    conn_lines = [_conn_line(h, conns[h]) for h in hosts if h in conns]
+    health_lines = [_health_line(a) for a in agents]
+    # rows left for the table: title, table head (2), legend, section titles and their lines, blank lines
+    fixed = 1 + 2 + 1 + (1 + len(key_lines) if key_lines else 0) + 1 + len(conn_lines) + 1 + len(health_lines)
+    room = max(1, height - fixed - 1)
+    shown = groups if len(groups) <= room else groups[:room - 1]
+
+    heads = ["HOST", "ROLE", "OP", "PEER", "REQ/S"] + (["MEAN"] if wide else []) + ["P50", "P99"]
+    caps = [16 if wide else 10, 4, 8, 16 if wide else 9, 8, 8, 8, 8]
+    rows = []
+    for g in shown:
+        e2e = g["hists"]["e2e"]
+        counts = {int(i): c for i, c in e2e["counts"]}
+        peer = _peer(g["peer"], ip_hosts)
+        row = [g["host"], "cli" if g["role"] == "client" else "srv", g["op"],
+               "self" if peer == g["host"] else peer, fmt_rate(g["rate_per_s"])]
+        if wide:
+            row.append(fmt_ns(e2e["sum_ns"] / e2e["n"] if e2e["n"] else None))
+        rows.append(row + [fmt_ns(quantile_ns(counts, 0.5)), fmt_ns(quantile_ns(counts, 0.99))])
+    widths = [min(cap, max([len(h)] + [len(r[i]) for r in rows])) for i, (h, cap) in enumerate(zip(heads, caps))]
+    bar_w = max(4, width - sum(widths) - 2 * len(widths))
+    # a gap of 2 between columns: the box's 1-char divider and 1 of left padding; the bar gets the rest
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False, show_edge=False)
+    for i, h in enumerate(heads):
+        t.add_column(h, no_wrap=True, overflow="ellipsis", width=widths[i], justify="right" if i >= 4 else "left")
+    t.add_column("SPLIT OF THIS HOST'S TIME", no_wrap=True, overflow="crop", width=bar_w)
+    def add(cells: list, last=""):
+        t.add_row(*cells, last)
+    for g, row in zip(shown, rows):
+        add(row, bar(g, bar_w, detail))
+    if len(shown) < len(groups):
+        add([f"+{len(groups) - len(shown)} more"] + [""] * (len(heads) - 1))
+    if not groups:
+        add(["(none yet)"] + [""] * (len(heads) - 1))
+
+    parts = [head, t, _legend(detail)]
+    if key_lines:
+        parts.append(Text("hot keys (share of sampled keys)", style="bold"))
+        parts += key_lines
+    parts.append(Text("connections", style="bold"))
+    parts += conn_lines or [Text("  (none seen)")]
+    parts.append(Text("agents", style="bold"))
+    parts += health_lines
+    return Group(*[p if not isinstance(p, Text) else _clip(p) for p in parts])
+
+
+TOP_KEYS_NARROW, TOP_KEYS_WIDE = 3, 6
+
+
+def _clip(t):
+    t.no_wrap, t.overflow = True, "ellipsis"
+    return t
+
+
+def _key_line(host: str, k: dict, n: int):
+    from rich.text import Text
+    total = k["sampled"] or 1
+    t = Text(f"  {host}: ")
+    t.append("  ".join(f"{key} {100 * c / total:.1f}%" for key, c in k["top"][:n]))
+    return t
+
+
+def _conn_line(host: str, c: dict):
+    from rich.text import Text
+    return Text(f"  {host}: {c.get('open', 0)} open, +{c.get('opened_per_s', 0):.1f}/s "
+                f"-{c.get('closed_per_s', 0):.1f}/s; connects {c.get('connects', 0)}, "
+                f"accepts {c.get('accepts', 0)}, closed {c.get('closed_total', 0)}")
+
+
+def _health_line(a: dict):
+    from rich.text import Text
+    if "error" in a:
+        return Text(f"  {a['agent']}: unreachable ({a['error']})", style="bold red")
+    ev = a.get("events_per_s")
+    cpu = a.get("cpu_pct")
+    lost = a.get("lost", {})
+    lost_s = ", ".join(f"{p} {n}" for p, n in lost.items()) or "-"
+    t = Text(f"  {a['agent']}: {'-' if ev is None else f'{ev:,.0f}'} ev/s, cpu "
+             f"{'-' if cpu is None else f'{cpu:.1f}%'}, sampling {100 * a.get('sampling_rate', 1):.0f}%, "
+             f"lost: ")
+    t.append(lost_s, style="bold red" if any(lost.values()) else "")
+    return t
+
+
+def render_text(snap: dict, width: int, height: int, detail: bool = False) -> str:
+    """The screen as plain text (no colour): for --snapshot and the golden tests."""
+    from rich.console import Console
+    c = Console(width=width, height=height, color_system=None, record=True, file=open(os.devnull, "w"),
+                legacy_windows=False)
+    c.print(render(snap, width, height, detail))
+    return c.export_text()
+
+
+# ---------------------------------------------------------------- sources
+
+def _agent_addr(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--agent {text!r}: give HOST:PORT of an agent started with --listen, "
+                        "e.g. 127.0.0.1:9465")
+    return text
+
+
+def fetch(addrs: list[str], timeout_s: float = 0.8) -> dict:
+    snaps, down = [], []
+    for a in addrs:
+        try:
+            with urllib.request.urlopen(f"http://{a}/snapshot.json", timeout=timeout_s) as r:
+                snaps.append(json.loads(r.read()))
+        except (OSError, ValueError) as e:
+            down.append({"agent": a, "error": str(getattr(e, "reason", e))[:60]})
+    merged = merge_snapshots(snaps)
+    merged["agents"] += down
+    return merged
+
+
+class Keys:
+    """Single key presses from a terminal (cbreak mode), restored on exit; none when not a tty."""
+
+    def __init__(self):
+        self.fd = sys.stdin.fileno() if sys.stdin.isatty() else None
+        self.old = None
+
+    def __enter__(self):
+        if self.fd is not None:
+            import termios
+            import tty
+            self.old = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            import termios
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.old)
+
+    def read(self, timeout_s: float) -> str | None:
+        if self.fd is None:
+            time.sleep(timeout_s)
+            return None
+        if select.select([self.fd], [], [], max(0.0, timeout_s))[0]:
+            return os.read(self.fd, 1).decode(errors="replace")
+        return None
+
+
+def loop(get_snapshot, detail: bool, status=lambda: "", stop=lambda: False) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    with Keys() as keys, Live(console=console, screen=True, auto_refresh=False) as live:
+        while not stop():
+            snap = get_snapshot()
+            w, h = console.size
+            live.update(render(snap, w, h, detail, status()), refresh=True)
+            deadline = time.monotonic() + REFRESH_S
+            while (left := deadline - time.monotonic()) > 0 and not stop():
+                k = keys.read(min(left, 0.2))
+                if k in ("q", "Q"):
+                    return
+                if k in ("d", "D"):
+                    detail = not detail
+                    w, h = console.size
+                    live.update(render(snap, w, h, detail, status()), refresh=True)
+
+
+# ---------------------------------------------------------------- command
+
+def top(
+    agent: List[str] = typer.Option([], "--agent", help="HOST:PORT of a running `pslat agent --listen` "
+                                    "(repeat: one cluster view)"),
+    pid: List[int] = typer.Option([], "--pid", help="no agent: trace this process (repeat)", rich_help_panel="Filters"),
+    comm: List[str] = typer.Option([], "--comm", help="no agent: trace processes of this name (repeat)",
+                                   rich_help_panel="Filters"),
+    netns: List[str] = typer.Option([], "--netns", help="no agent: trace sockets in this `ip netns` (repeat)",
+                                    rich_help_panel="Filters"),
+    port: List[int] = typer.Option([], "--port", help="no agent: trace TCP connections on this port (repeat)",
+                                   rich_help_panel="Filters"),
+    lib: List[Path] = typer.Option([], "--lib", help="no agent: libzmq/libmxnet.so to probe (repeat)",
+                                   rich_help_panel="Filters"),
+    detail: bool = typer.Option(False, "--detail", help="start with the finer components (key d toggles)"),
+    snapshot: Optional[Path] = typer.Option(None, "--snapshot", help="draw this saved /snapshot.json once and exit"),
+) -> None:
+    """Live view: per op and peer host, rate, p50/p99 and where this host's time goes."""
+    filters = bool(pid or comm or netns or port or lib)
+    if snapshot is not None:
+        if agent or filters:
+            raise UserError("--snapshot draws a saved file; leave out --agent and the filters")
+        try:
+            snap = json.loads(snapshot.read_text())
+            snap = merge_snapshots([snap])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"--snapshot {snapshot}: not a pslat /snapshot.json ({e}); save one with "
+                            "curl http://ADDR:PORT/snapshot.json") from None
+        from rich.console import Console
+        c = Console(color_system=None if not sys.stdout.isatty() else "auto")
+        c.print(render(snap, c.size.width, c.size.height, detail))
+        return
+    if agent:
+        if filters:
+            raise UserError("--agent draws running agents (they have their own filters); leave out "
+                            "--pid/--comm/--netns/--port/--lib")
+        addrs = [_agent_addr(a) for a in agent]
+        loop(lambda: fetch(addrs), detail)
+        return
+    _in_process(pid, comm, netns, port, lib, detail)
+
+
+def _in_process(pid, comm, netns, port, lib, detail: bool) -> None:
+    """No agent: run the agent's pipeline here (the main thread: it takes the signals) and draw
+    from a second thread; `q` ends the tracing as Ctrl-C would. Rows go to a temp run dir."""
+    import tempfile
+
+    from agent.daemon import AgentOptions, check_prerequisites, run_live
+    from agent.live import LiveAggregates
+
+    check_prerequisites()
+    live = LiveAggregates()
+    said: list[str] = ["attaching probes (compiling: a few seconds)"]
+    done = threading.Event()
+
+    def ui():
+        try:
+            loop(live.snapshot, detail, status=lambda: said[-1], stop=done.is_set)
+        finally:
+            if not done.is_set():
+                os.kill(os.getpid(), signal.SIGINT)   # ends run_live as Ctrl-C does
+
+    with tempfile.TemporaryDirectory(prefix="pslat-top-") as tmp:
+        th = threading.Thread(target=ui, name="pslat-top-ui", daemon=True)
+        th.start()
+        try:
+            run_live(AgentOptions(out=Path(tmp), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
+                                  ports=tuple(port), libs=tuple(lib)),
+                     log=lambda m: said.append(m.splitlines()[0][:60]), aggregates=live)
+        finally:
+            done.set()
+            th.join(5)
