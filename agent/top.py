@@ -130,11 +130,18 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
     key_lines = [_key_line(h, keys[h], n_keys) for h in hosts if h in keys and keys[h]["top"]]
     conn_lines = [_conn_line(h, conns[h]) for h in hosts if h in conns]
     health_lines = [_health_line(a) for a in agents]
-    # rows left for the table: title, table head (2), legend, section titles and their lines, blank lines
-    fixed = 1 + 2 + 1 + (1 + len(key_lines) if key_lines else 0) + 1 + len(conn_lines) + 1 + len(health_lines)
-    room = max(1, height - fixed - 1)
-    shown = groups if len(groups) <= room else groups[:room - 1]
-
+    sections = [("agents", health_lines), ("connections", conn_lines or [Text("  (none seen)")]),
+                ("hot keys (share of sampled keys)", key_lines)]
+    sections = [(title, lines) for title, lines in sections if lines]
+    # height: title, table head (2), legend, then table rows first; each section keeps its title and
+    # one line, and gets more lines (agents first) from what the rows leave
+    room = max(1, height - 4 - 2 * len(sections))
+    shown = groups if len(groups) <= room else groups[:max(1, room - 1)]
+    spare = room - max(1, len(shown) + (len(shown) < len(groups)))
+    budget = {}
+    for title, lines in sections:
+        extra = min(len(lines) - 1, spare)
+        budget[title], spare = 1 + extra, spare - extra
     heads = ["HOST", "ROLE", "OP", "PEER", "REQ/S"] + (["MEAN"] if wide else []) + ["P50", "P99"]
     caps = [16 if wide else 10, 4, 8, 16 if wide else 9, 8, 8, 8, 8]
     rows = []
@@ -159,18 +166,16 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
     for g, row in zip(shown, rows):
         add(row, bar(g, bar_w, detail))
     if len(shown) < len(groups):
-        add([f"+{len(groups) - len(shown)} more"] + [""] * (len(heads) - 1))
+        add([""] * len(heads), f"+{len(groups) - len(shown)} more rows")
     if not groups:
-        add(["(none yet)"] + [""] * (len(heads) - 1))
+        add([""] * len(heads), "no request paired yet")
 
     parts = [head, t, _legend(detail)]
-    if key_lines:
-        parts.append(Text("hot keys (share of sampled keys)", style="bold"))
-        parts += key_lines
-    parts.append(Text("connections", style="bold"))
-    parts += conn_lines or [Text("  (none seen)")]
-    parts.append(Text("agents", style="bold"))
-    parts += health_lines
+    for title, lines in reversed(sections):   # keys, connections, agents from top to bottom
+        n = budget[title]
+        parts.append(Text(title + (f" ({len(lines) - n} more not shown)" if n < len(lines) else ""),
+                          style="bold"))
+        parts += lines[:n]
     return Group(*[p if not isinstance(p, Text) else _clip(p) for p in parts])
 
 
