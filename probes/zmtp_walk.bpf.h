@@ -154,9 +154,9 @@ struct zw_walk {
 	struct zw_state st;
 	struct zw_key key;
 	struct user_iovec iov[ZW_IOV_MAX];
-	u64 total;      /* bytes the call moved */
-	u64 pos;        /* call offset of the next byte to walk */
-	u64 iov_off;    /* offset of pos inside iov[iov_i] */
+	volatile u64 total; /* bytes the call moved */
+	volatile u64 pos;   /* call offset of the next byte to walk */
+	volatile u64 iov_off; /* offset of pos inside iov[iov_i] */
 	u64 walk_from;  /* call offset where walking began */
 	/* The output cursor is volatile: kept in the map value, never in
 	 * registers, so the verifier sees a bounded unknown instead of a
@@ -166,8 +166,8 @@ struct zw_walk {
 	volatile u32 piece_at;  /* payload offset of that item */
 	volatile u32 data_pos;  /* payload bytes used */
 	u32 seq_start;
-	u32 niov;
-	u32 iov_i;
+	volatile u32 niov;
+	volatile u32 iov_i;
 	u32 n_ends;     /* message ends of this call (the first ZW_ENDS_MAX are kept) */
 	u32 ends_done;  /* of them, looked up in the netstack rings */
 	u32 ends[ZW_ENDS_MAX]; /* their call offsets */
@@ -184,6 +184,7 @@ struct zw_walk {
 	u64 win[ZW_BLOCK_BYTES / 8 + 2];  /* user bytes being looked at (greeting, keys) */
 	u64 keys[ZW_BLOCK_BYTES / 8 + 2]; /* sampled keys of a scan block, packed */
 	volatile u64 scan_len, scan_skip, scan_m; /* zw_keys' values across zw_hash_block */
+	volatile u64 scan_mask, scan_kept;        /* zw_hash_block's results */
 	volatile u32 n_cand;                    /* zw_hunt_find: candidates found */
 	u32 cand[ZW_HUNT_CANDIDATES];
 	volatile u64 h_pos;                     /* zw_chain_ok: where the chain is */
@@ -669,7 +670,15 @@ static __always_inline int zw_header(struct zw_scratch *s, u64 addr, u64 avail)
 			st->acc = (st->acc << 8) | h[k];
 	}
 	u32 used = first + take;
-	zw_copy_kernel(s, w->pos, h, used, SOCKCALL_BYTES_HEADER);
+	/* header bytes by direct stores: no helper call per frame */
+	u32 at = zw_piece_at(s, w->pos, used);
+	u8 *dst = &s->ev.payload[at];
+#pragma unroll
+	for (int k = 0; k < 9; k++) {
+		if (k < used)
+			dst[k] = h[k];
+	}
+	zw_piece_commit(s, w->pos, used, SOCKCALL_BYTES_HEADER);
 	zw_advance(w, used);
 	st->hdr_have += take;
 	if (st->hdr_have < hl)
@@ -684,7 +693,7 @@ static __always_inline int zw_header(struct zw_scratch *s, u64 addr, u64 avail)
  * inputs come from memory (volatile), so every path of the walk enters the
  * loop in the same verifier state and the loop is verified once per step,
  * not once per path. */
-static __always_inline void zw_hash_block(struct zw_walk *w, u64 *mask_out, u64 *kept_out)
+static __always_inline void zw_hash_block(struct zw_walk *w)
 {
 	u64 len = w->scan_len;
 	u64 shift = 63 - w->st.key_level; /* (h >> 1) >> shift == h >> (64 - level); 0 for level 0 */
@@ -699,8 +708,10 @@ static __always_inline void zw_hash_block(struct zw_walk *w, u64 *mask_out, u64 
 		kept += hit;
 		mask |= hit << t;
 	}
-	*mask_out = mask;
-	*kept_out = kept;
+	/* through memory: the loop leaves at any of 64 iterations with its own
+	 * range of `kept`, and the code after it would be verified for each */
+	w->scan_mask = mask;
+	w->scan_kept = kept;
 }
 
 /* Keys of frame 1 in this stretch: hash the whole keys inside the current
@@ -747,8 +758,8 @@ static __always_inline u64 zw_keys(struct zw_scratch *s, u64 addr, u64 n)
 	w->scan_len = len;
 	w->scan_skip = skip;
 	w->scan_m = m;
-	u64 mask = 0, kept = 0;
-	zw_hash_block(w, &mask, &kept);
+	zw_hash_block(w);
+	u64 mask = w->scan_mask, kept = w->scan_kept;
 	len = w->scan_len & (ZW_BLOCK_BYTES * 2 - 1);
 	skip = w->scan_skip & 7;
 	m = w->scan_m;
