@@ -40,8 +40,8 @@ FINE_GLYPH = {"client_user_tx": "u", "client_kernel_tx": "k", "client_nic_tx": "
               "server_nic_rx": "N", "server_kernel_rx": "K", "server_user": "S", "server_kernel_tx": "k",
               "server_nic_tx": "n", UNSPLIT: "·"}
 FINE_STYLE = {c: GROUP_STYLE[GROUP_OF[c]] for c in FINE}
-DETAIL_LEGEND = [("u", "U", "user tx/rx"), ("k", "K", "kernel tx/rx"), ("n", "N", "NIC tx/rx"),
-                 ("~", "", "network+remote"), ("S", "", "server user"), ("·", "", "unsplit")]
+DETAIL_LEGEND = [("u", "U", "user"), ("k", "K", "kernel"), ("n", "N", "NIC (tx/RX)"),
+                 ("~", "", "net+remote"), ("S", "", "server user"), ("·", "", "unsplit")]
 
 
 def fmt_ns(v: float | None) -> str:

@@ -40,6 +40,7 @@ def test_cli_snapshot_at_80x24():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     _fits(r.stdout, 80, 24)
+    assert "█ host  ▓ NIC  ░ network+remote  · unsplit" in r.stdout   # the legend is whole at 80
     for word in ("pull", "push", "cli", "srv", "8.0", "hot keys", "25 open", "recorded"):
         assert word in r.stdout
     _golden("top_80x24.txt", r.stdout)
@@ -54,6 +55,7 @@ def test_wide_terminal_gets_more_columns_and_a_longer_bar(detail):
     bar_chars = "u~UkKnNS·" if detail else "█▓░·"
     bars = [ln for ln in text.splitlines() if ln.startswith("pslat-rec")]
     assert len(bars) == 4 and all(sum(ln.count(c) for c in bar_chars) >= 60 for ln in bars)
+    assert ("S server user" in text) == detail
     _golden(f"top_140{'_detail' if detail else ''}.txt", text)
 
 
