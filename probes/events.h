@@ -51,7 +51,7 @@ enum sockcall_counter {
 	SOCKCALL_COUNTER_WALK_ABORTED = PSLAT_COUNTER_FIRST_EXTRA + 10, /* walks given up: frame budget, iovecs, faults, no walker program */
 	SOCKCALL_COUNTER_HINTS_APPLIED = PSLAT_COUNTER_FIRST_EXTRA + 11, /* sync hints that started a walk */
 	SOCKCALL_COUNTER_HINTS_STALE = PSLAT_COUNTER_FIRST_EXTRA + 12,  /* sync hints the stream had already passed */
-	SOCKCALL_COUNTER_SELF_SYNCS = PSLAT_COUNTER_FIRST_EXTRA + 13,   /* unsynced connections the walker synced by itself (a chain of two messages) */
+	SOCKCALL_COUNTER_SELF_SYNCS = PSLAT_COUNTER_FIRST_EXTRA + 13,   /* unsynced connections the walker synced by itself (zmtp_walk.bpf.h, self-sync) */
 	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 14,
 };
 
@@ -129,7 +129,8 @@ enum sockcall_item_kind {
 #define SOCKCALL_WALK_CONTINUE  2 /* the walk of the previous call goes on */
 #define SOCKCALL_WALK_HINT      3 /* a sync hint from user space placed a frame header here */
 #define SOCKCALL_WALK_SELF      4 /* unsynced: a ps-lite meta header here starts a chain of frames that
-                                   * completes two messages inside the call (user space may still disagree) */
+                                   * completes two messages inside the call, or one exactly at its end
+                                   * (user space may still disagree) */
 
 /* WALK_END reasons */
 #define SOCKCALL_STOP_NOT_ZMTP    1 /* the first bytes are no ZMTP 3 greeting */

@@ -987,9 +987,11 @@ static __always_inline int zw_begin(struct zw_scratch *s, u64 sk, u8 call, u32 d
  * in the call's first ZW_HUNT_WINDOW bytes. One is taken when the chain of
  * frames from it (flags without reserved or COMMAND bits, at most 8 data
  * frames, every frame 0 a candidate again) completes ZW_HUNT_MESSAGES
- * messages inside the call: random bytes practically never do. Large frames
- * (one per call) never qualify: there, user-space hints lie ahead of the
- * stream and do the job. Only the call's first iovec is searched. */
+ * messages inside the call, or completes one exactly at the call's end (a
+ * call per message, as paced traffic sends and receives): random bytes
+ * practically never do. A message larger than a call never qualifies: there,
+ * user-space hints (the end of the frame in progress) lie ahead of the stream
+ * and do the job. Only the call's first iovec is searched. */
 
 /* Whether the chain of frames from call offset p completes enough messages
  * before w->h_limit. Its position, frame index and message count live in the
@@ -1037,7 +1039,9 @@ static __always_inline int zw_chain_ok(struct zw_walk *w, u64 base, u64 p)
 		} else {
 			w->h_idx = 0;
 			w->h_msgs += 1;
-			if (w->h_msgs >= ZW_HUNT_MESSAGES)
+			/* two messages; or one that ends exactly where the call ends
+			 * (paced traffic: a call per message) */
+			if (w->h_msgs >= ZW_HUNT_MESSAGES || w->h_pos == limit)
 				return 1;
 		}
 	}

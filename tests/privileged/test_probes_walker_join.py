@@ -1,15 +1,20 @@
-"""The ZMTP walker joining a connection mid-stream, synced by a hint from user space.
+"""The ZMTP walker joining connections mid-stream.
 
 A DEALER sends to a ROUTER before the probe attaches, so the probe sees both
-ends' calls from the middle of the stream: the walker cannot know where frames
-start, and hands over each call's first bytes raw. The ps-lite parser hunts in
-those bytes, and once it has confirmed a chain of messages and stands at a
-message boundary, the test writes a sync hint for the next byte
-(probes.sockcalls.set_sync_hint). The traffic is paced (one tiny message per
-command) so that the hint lies ahead of the stream when it is written: the
-walker applies it at the next call, and from there on the messages, small and
-large, are rebuilt from walked records as on a connection seen from its start.
-Peers and checks: test_probes_walker.py.
+ends' calls from the middle of the stream: the walker does not know where
+frames start, and hands over each call's first bytes raw until it finds sync:
+- by itself (zmtp_walk.bpf.h, self-sync): a ps-lite meta header starting a
+  chain of frames that completes two messages inside one call (a busy stream
+  of small messages), or one message ending exactly at the call's end (paced
+  traffic: a call per message);
+- from a hint (probes.sockcalls.set_sync_hint): messages larger than a call
+  never show a whole chain; the ps-lite parser finds sync in the raw prefixes
+  (a large frame's header at the start of a call, the rest inside its body),
+  and once it stands at a message boundary the test hints there. The large
+  messages are paced, one per command, so that the hint lies ahead of the
+  stream when it is written (on a busy connection it would be stale).
+From the sync point on, every message is rebuilt as on a connection seen from
+its start. Peers and checks: test_probes_walker.py.
 """
 from __future__ import annotations
 
@@ -18,31 +23,49 @@ from test_probes_walker import (PeerProc, check_messages, directions, expected_t
                                 netns, start_probe)
 
 WARMUP = 50   # messages before the probe attaches
-PACED = 10    # tiny messages one by one until both ends are hinted
+PACED = 6     # large messages one by one until both ends are hinted
+
+
+def walk_starts(d) -> tuple[object, int]:
+    """(why, stream offset) of the first walk of a direction; every call after
+    it is walked."""
+    from probes.events import SockcallItemKind
+
+    walked = [c for c in d.calls if c.walked_ranges()]
+    first = walked[0]
+    assert all(c.walked_ranges() for c in d.calls[d.calls.index(first):])
+    (why,) = [m[2] for m in first.marks() if m[1] == SockcallItemKind.WALK_START]
+    return why, d.offset_of_seq(first.event.seq_start) + first.walked_ranges()[0][0]
+
+
+def joined(netns_name):
+    """A router, and a dealer that sent WARMUP messages before the probe."""
+    router = PeerProc(netns_name, "router")
+    r_ready = router.read()
+    dealer = PeerProc(netns_name, "dealer", r_ready["port"])
+    d_ready = dealer.read()
+    dealer.ask("connect")
+    dealer.ask(f"send small {WARMUP} 1")
+    router.ask(f"wait {WARMUP}")
+    return router, dealer, {(d_ready["pid"], True), (r_ready["pid"], False)}
 
 
 @pytest.mark.privileged
 def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
-    from probes.events import SockcallItemKind, WalkStart
+    from probes.events import WalkStart
     from probes.sockcalls import Direction as Dir
     from probes.sockcalls import set_sync_hint
 
-    router = PeerProc(netns, "router")
-    peers = [router]
+    router, dealer, sides = joined(netns)
     try:
-        r_ready = router.read()
-        dealer = PeerProc(netns, "dealer", r_ready["port"])
-        peers.append(dealer)
-        d_ready = dealer.read()
-        dealer.ask("connect")
-        dealer.ask(f"send small {WARMUP} 1")
-        router.ask(f"wait {WARMUP}")
         prog, cap = start_probe(netns)
         with prog:
             got = WARMUP
             hinted = {}  # (pid, is_send) -> stream offset of the hint
+            before = []
             for k in range(PACED):
-                dealer.ask(f"send tiny 1 {100 + k}", prog)
+                dealer.ask(f"send large 1 {100 + k}", prog)
+                before += make_messages("large", 1, 100 + k)
                 got += 1
                 router.ask(f"wait {got}", prog)
                 cap.drain()
@@ -56,7 +79,7 @@ def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
                     hinted[side] = p.offset
                 if len(hinted) == 2:
                     break
-            assert set(hinted) == {(d_ready["pid"], True), (r_ready["pid"], False)}, hinted
+            assert set(hinted) == sides, hinted
             after = []
             for kind, n, seed in (("small", 300, 200), ("large", 3, 201), ("tiny", 5, 202)):
                 dealer.ask(f"send {kind} {n} {seed}", prog)
@@ -66,26 +89,58 @@ def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
             cap.drain()
             counters = prog.counters()["sockcalls"]
     finally:
-        for p in peers:
-            p.stop()
+        router.stop()
+        dealer.stop()
 
-    dirs = directions(cap.calls, mid_stream=True)
-    for key, d in dirs.items():
+    for key, d in directions(cap.calls, mid_stream=True).items():
         side = (key[0], key[2])
-        if side not in hinted:
+        if side not in sides:
             continue
-        # before the hint: raw prefixes only, never a walk
-        walked = [c for c in d.calls if c.walked_ranges()]
-        first = walked[0]
-        assert [m[2] for m in first.marks() if m[1] == SockcallItemKind.WALK_START] == [WalkStart.HINT]
-        assert d.offset_of_seq(first.event.seq_start) + first.walked_ranges()[0][0] == hinted[side]
-        assert all(c.walked_ranges() for c in d.calls[d.calls.index(first):])
-        # after it: every message, small and large, as the app sent it
+        assert walk_starts(d) == (WalkStart.HINT, hinted[side])
+        # the parser found sync in raw prefixes of large messages...
+        pre = [m.timestamp for m in d.messages if m.end_offset <= hinted[side]]
+        assert pre and pre == [expected_timestamp(f) for f in before][-len(pre):]
+        # ...and after the hint, every message, small and large, as the app sent it
         check_messages([m for m in d.messages if m.first_byte_offset >= hinted[side]], after)
         assert d.parser.stats().desyncs == 0
     print("\ncounters:", counters)
-    assert counters["hints_applied"] == 2 and counters["hints_stale"] == 0
+    assert counters["hints_applied"] == 2 and counters["hints_stale"] == 0 and counters["self_syncs"] == 0
     assert counters["desyncs"] == counters["walk_aborted"] == counters["not_zmtp"] == 0
+
+
+@pytest.mark.privileged
+def test_walker_syncs_by_itself_on_paced_calls(netns):  # noqa: F811
+    """Paced small messages (up to 850 bytes: longer than a raw prefix, so the
+    parser could not find sync on its own): one call per message, and the
+    walker syncs at the first one, on both ends."""
+    from probes.events import WalkStart
+
+    router, dealer, sides = joined(netns)
+    try:
+        prog, cap = start_probe(netns)
+        with prog:
+            got = WARMUP
+            for k in range(20):
+                dealer.ask(f"send small 1 {400 + k}", prog)
+                got += 1
+                router.ask(f"wait {got}", prog)
+            cap.drain()
+            counters = prog.counters()["sockcalls"]
+    finally:
+        router.stop()
+        dealer.stop()
+    sent = [make_messages("small", 1, 400 + k)[0] for k in range(20)]
+    seen = set()
+    for key, d in directions(cap.calls, mid_stream=True).items():
+        if (key[0], key[2]) not in sides:
+            continue
+        seen.add((key[0], key[2]))
+        why, start = walk_starts(d)
+        assert why == WalkStart.SELF and start == d.offset_of_seq(d.calls[0].event.seq_start)
+        check_messages(d.messages, sent)
+    assert seen == sides
+    print("\ncounters:", counters)
+    assert counters["self_syncs"] == 2 and counters["desyncs"] == counters["walk_aborted"] == 0
 
 
 @pytest.mark.privileged
@@ -94,18 +149,10 @@ def test_walker_syncs_by_itself_in_a_busy_stream(netns):  # noqa: F811
     sync by itself (a meta header starting a chain of two messages inside
     one call), without a hint: the parser then gets walked records, and every
     message from there on is rebuilt."""
-    from probes.events import SockcallItemKind, WalkStart
+    from probes.events import WalkStart
 
-    router = PeerProc(netns, "router")
-    peers = [router]
+    router, dealer, expect_sides = joined(netns)
     try:
-        r_ready = router.read()
-        dealer = PeerProc(netns, "dealer", r_ready["port"])
-        peers.append(dealer)
-        d_ready = dealer.read()
-        dealer.ask("connect")
-        dealer.ask(f"send small {WARMUP} 1")
-        router.ask(f"wait {WARMUP}")
         prog, cap = start_probe(netns)
         with prog:
             dealer.ask("send small 1000 300", prog)
@@ -113,28 +160,24 @@ def test_walker_syncs_by_itself_in_a_busy_stream(netns):  # noqa: F811
             cap.drain()
             counters = prog.counters()["sockcalls"]
     finally:
-        for p in peers:
-            p.stop()
+        router.stop()
+        dealer.stop()
     sent = make_messages("small", 1000, 300)
     stamps = [expected_timestamp(f) for f in sent]
     sides = set()
     for key, d in directions(cap.calls, mid_stream=True).items():
-        walked = [c for c in d.calls if c.walked_ranges()]
-        if not walked:
+        if not any(c.walked_ranges() for c in d.calls):
             continue
         sides.add((key[0], key[2]))
-        first = walked[0]
-        assert [m[2] for m in first.marks() if m[1] == SockcallItemKind.WALK_START] == [WalkStart.SELF]
-        start = d.offset_of_seq(first.event.seq_start) + first.walked_ranges()[0][0]
-        assert all(c.walked_ranges() for c in d.calls[d.calls.index(first):])
+        why, start = walk_starts(d)
+        assert why == WalkStart.SELF
         after = [m for m in d.messages if m.first_byte_offset >= start]
         i = stamps.index(after[0].timestamp)
-        print(f"\nside {key[0]} {'tx' if key[2] else 'rx'}: synced at message {i} of {len(sent)}, "
-              f"call {d.calls.index(first)} of {len(d.calls)}")
+        print(f"\nside {key[0]} {'tx' if key[2] else 'rx'}: synced at message {i} of {len(sent)}")
         assert i < 100
         check_messages(after, sent[i:])
         assert d.parser.stats().desyncs == 0
-    assert sides == {(d_ready["pid"], True), (r_ready["pid"], False)}
+    assert sides == expect_sides
     print("counters:", counters)
     assert counters["self_syncs"] == 2 and counters["hints_applied"] == 0
     assert counters["desyncs"] == counters["walk_aborted"] == 0
