@@ -31,10 +31,12 @@ import time
 from collections import defaultdict
 
 import pytest
+# sc_exit's run time from fdinfo (a tail call runs inside its caller's invocation,
+# so sc_exit's time is the whole walk); the sysctl switched on, restored after
+from test_probes_netstack_cost import bpf_stats, prog_stats, set_stats  # noqa: F401
 
 PEER_TIMEOUT_S = 60
 IDENTITY = b"ps9"
-STATS_SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 
 
 # ---------------------------------------------------------------- the messages
@@ -356,20 +358,37 @@ def frame_header_bytes(body: bytes) -> int:
     return 9 if len(body) > 255 else 2
 
 
+def router_and_dealer(netns_name: str, connect: bool = True):
+    """A ROUTER, and a DEALER (connected when asked) to it: (router, dealer,
+    their pids)."""
+    router = PeerProc(netns_name, "router")
+    try:
+        r_ready = router.read()
+        dealer = PeerProc(netns_name, "dealer", r_ready["port"])
+    except BaseException:
+        router.stop()
+        raise
+    try:
+        d_ready = dealer.read()
+        if connect:
+            dealer.ask("connect")
+    except BaseException:
+        router.stop()
+        dealer.stop()
+        raise
+    return router, dealer, {"router": r_ready["pid"], "dealer": d_ready["pid"], "port": r_ready["port"]}
+
+
 @pytest.mark.privileged
 def test_walker_rebuilds_small_and_large_messages(netns):
     from probes.sockcalls import key_sample_level
 
-    router = PeerProc(netns, "router")
-    peers = [router]
+    router, dealer, pids = router_and_dealer(netns, connect=False)
+    peers = [router, dealer]
     try:
-        r_ready = router.read()
-        dealer = PeerProc(netns, "dealer", r_ready["port"])
-        peers.append(dealer)
-        d_ready = dealer.read()
         prog, cap = start_probe(netns)
         with prog:
-            dealer.ask("connect", prog)
+            dealer.ask("connect", prog)  # after the probe: seen from its first byte
             small, large = make_messages("small", 2000, 1), make_messages("large", 5, 2)
             assert dealer.ask("send small 2000 1", prog)["sent"] == 2000
             assert router.ask("wait 2000", prog)["received"] == 2000
@@ -385,7 +404,7 @@ def test_walker_rebuilds_small_and_large_messages(netns):
     dirs = directions(cap.calls)
     data = {k: d for k, d in dirs.items() if d.messages}
     # the DEALER's send side and the ROUTER's receive side of the one connection
-    assert {(k[0], k[2]) for k in data} == {(d_ready["pid"], True), (r_ready["pid"], False)}
+    assert {(k[0], k[2]) for k in data} == {(pids["dealer"], True), (pids["router"], False)}
     tx = next(d for k, d in data.items() if k[2])
     rx = next(d for k, d in data.items() if not k[2])
     assert tx.event.isn_local == rx.event.isn_remote and tx.event.isn_remote == rx.event.isn_local
@@ -447,14 +466,11 @@ def test_walker_rebuilds_small_and_large_messages(netns):
 def test_walker_counts_garbage_and_keeps_going(netns):
     from probes.events import SockcallItemKind, WalkStop
 
-    router = PeerProc(netns, "router")
-    peers = [router]
+    router, dealer, pids = router_and_dealer(netns, connect=False)
+    peers = [router, dealer]
     try:
-        r_ready = router.read()
-        dealer = PeerProc(netns, "dealer", r_ready["port"])
-        garbage = PeerProc(netns, "garbage", r_ready["port"])
-        peers += [dealer, garbage]
-        dealer.read()
+        garbage = PeerProc(netns, "garbage", pids["port"])
+        peers.append(garbage)
         g_ready = garbage.read()
         prog, cap = start_probe(netns)
         with prog:
@@ -475,7 +491,7 @@ def test_walker_counts_garbage_and_keeps_going(netns):
                 stops[call.event.tgid].append(why)
     # the garbage connection from its first byte, on both ends
     assert counters["not_zmtp"] >= 2
-    assert WalkStop.NOT_ZMTP in stops[g_ready["pid"]] and WalkStop.NOT_ZMTP in stops[r_ready["pid"]]
+    assert WalkStop.NOT_ZMTP in stops[g_ready["pid"]] and WalkStop.NOT_ZMTP in stops[pids["router"]]
     # the ZMTP connection gone bad: the sender's walk stops at the 0xF8 flags
     assert WalkStop.BAD_FLAGS in stops[g_ready["pid"]]
     assert counters["desyncs"] >= 1
@@ -492,46 +508,25 @@ def test_walker_counts_garbage_and_keeps_going(netns):
 
 # ---------------------------------------------------------------- per-call cost
 
-def prog_stats(prog) -> dict[str, tuple[int, int]]:
-    """BPF function name -> (run_cnt, run_time_ns), from each program's fdinfo.
-    A tail call runs inside its caller's invocation, so sc_exit's time is the
-    whole walk of a call."""
-    out = {}
-    for name, fn in prog.bpf.funcs.items():
-        info = open(f"/proc/self/fdinfo/{fn.fd}").read()
-        cnt = int(re.search(r"run_cnt:\s*(\d+)", info).group(1))
-        ns = int(re.search(r"run_time_ns:\s*(\d+)", info).group(1))
-        out[name.decode() if isinstance(name, bytes) else name] = (cnt, ns)
-    return out
-
-
 @pytest.fixture
-def bpf_stats():
-    old = open(STATS_SYSCTL).read().strip()
-    with open(STATS_SYSCTL, "w") as f:
-        f.write("1")
+def stats_on(bpf_stats):  # noqa: F811 (test_probes_netstack_cost: restores the sysctl)
+    set_stats(True)
     yield
-    with open(STATS_SYSCTL, "w") as f:
-        f.write(old)
 
 
 @pytest.mark.privileged
-def test_walker_cost_per_call(netns, bpf_stats):
+def test_walker_cost_per_call(netns, stats_on):
     """BPF time per traced call (sc_exit and the tail calls it makes: the whole
     walk) for calls of small and of large messages, beside the same bytes on a
     connection the walker does not follow (a 256-byte raw prefix per call: the
     probe's cost before the walker). sc_exit also runs, and leaves after one
     lookup, at every exit of the traced syscalls system wide: that cost,
     measured while idle, is taken out."""
-    router = PeerProc(netns, "router")
-    peers = [router]
-    rows = {}
+    router, dealer, _pids = router_and_dealer(netns, connect=False)
+    peers = [router, dealer]
     try:
-        r_ready = router.read()
-        dealer = PeerProc(netns, "dealer", r_ready["port"])
         raw = PeerProc(netns, "raw")
-        peers += [dealer, raw]
-        dealer.read()
+        peers.append(raw)
         raw.read()
         prog, cap = start_probe(netns)
         with prog:

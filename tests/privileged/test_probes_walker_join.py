@@ -19,8 +19,8 @@ its start. Peers and checks: test_probes_walker.py.
 from __future__ import annotations
 
 import pytest
-from test_probes_walker import (PeerProc, check_messages, directions, expected_timestamp, make_messages,  # noqa: F401
-                                netns, start_probe)
+from test_probes_walker import (check_messages, directions, expected_timestamp, make_messages, netns,  # noqa: F401
+                                router_and_dealer, start_probe)
 
 WARMUP = 50   # messages before the probe attaches
 PACED = 6     # large messages one by one until both ends are hinted
@@ -39,15 +39,19 @@ def walk_starts(d) -> tuple[object, int]:
 
 
 def joined(netns_name):
-    """A router, and a dealer that sent WARMUP messages before the probe."""
-    router = PeerProc(netns_name, "router")
-    r_ready = router.read()
-    dealer = PeerProc(netns_name, "dealer", r_ready["port"])
-    d_ready = dealer.read()
-    dealer.ask("connect")
+    """A router, and a dealer that sent WARMUP messages before the probe; the
+    two sides to follow: {(pid, is_send)}."""
+    router, dealer, pids = router_and_dealer(netns_name)
     dealer.ask(f"send small {WARMUP} 1")
     router.ask(f"wait {WARMUP}")
-    return router, dealer, {(d_ready["pid"], True), (r_ready["pid"], False)}
+    return router, dealer, {(pids["dealer"], True), (pids["router"], False)}
+
+
+def followed(calls, sides):
+    """(side, Direction) of each side to check, rebuilt from mid-stream."""
+    for key, d in directions(calls, mid_stream=True).items():
+        if (key[0], key[2]) in sides:
+            yield (key[0], key[2]), d
 
 
 @pytest.mark.privileged
@@ -92,10 +96,7 @@ def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
         router.stop()
         dealer.stop()
 
-    for key, d in directions(cap.calls, mid_stream=True).items():
-        side = (key[0], key[2])
-        if side not in sides:
-            continue
+    for side, d in followed(cap.calls, sides):
         assert walk_starts(d) == (WalkStart.HINT, hinted[side])
         # the parser found sync in raw prefixes of large messages...
         pre = [m.timestamp for m in d.messages if m.end_offset <= hinted[side]]
@@ -131,10 +132,8 @@ def test_walker_syncs_by_itself_on_paced_calls(netns):  # noqa: F811
         dealer.stop()
     sent = [make_messages("small", 1, 400 + k)[0] for k in range(20)]
     seen = set()
-    for key, d in directions(cap.calls, mid_stream=True).items():
-        if (key[0], key[2]) not in sides:
-            continue
-        seen.add((key[0], key[2]))
+    for side, d in followed(cap.calls, sides):
+        seen.add(side)
         why, start = walk_starts(d)
         assert why == WalkStart.SELF and start == d.offset_of_seq(d.calls[0].event.seq_start)
         check_messages(d.messages, sent)
@@ -165,15 +164,13 @@ def test_walker_syncs_by_itself_in_a_busy_stream(netns):  # noqa: F811
     sent = make_messages("small", 1000, 300)
     stamps = [expected_timestamp(f) for f in sent]
     sides = set()
-    for key, d in directions(cap.calls, mid_stream=True).items():
-        if not any(c.walked_ranges() for c in d.calls):
-            continue
-        sides.add((key[0], key[2]))
+    for side, d in followed(cap.calls, expect_sides):
+        sides.add(side)
         why, start = walk_starts(d)
         assert why == WalkStart.SELF
         after = [m for m in d.messages if m.first_byte_offset >= start]
         i = stamps.index(after[0].timestamp)
-        print(f"\nside {key[0]} {'tx' if key[2] else 'rx'}: synced at message {i} of {len(sent)}")
+        print(f"\nside {side[0]} {'tx' if side[1] else 'rx'}: synced at message {i} of {len(sent)}")
         assert i < 100
         check_messages(after, sent[i:])
         assert d.parser.stats().desyncs == 0

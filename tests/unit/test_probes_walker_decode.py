@@ -40,16 +40,9 @@ CONSTANTS = {
 @needs_gcc
 @pytest.mark.parametrize("mirror", ITEM_MIRRORS, ids=lambda m: m.__name__)
 def test_item_layouts_match_header(tmp_path, mirror):
-    from test_probes_events import compile_and_run
+    from test_probes_events import test_struct_layout_matches_header as layout_matches
 
-    c = mirror.c_name
-    lines = [f'  printf("sizeof %zu\\n", sizeof({c}));']
-    lines += [f'  printf("{n} %zu %zu\\n", offsetof({c}, {n}), sizeof((({c} *)0)->{n}));' for n, _ in mirror._fields_]
-    out = compile_and_run(tmp_path, "\n".join(lines)).splitlines()
-    assert out[0] == f"sizeof {ctypes.sizeof(mirror)}"
-    for line, (name, _) in zip(out[1:], mirror._fields_):
-        f = getattr(mirror, name)
-        assert line == f"{name} {f.offset} {f.size}"
+    layout_matches(tmp_path, mirror)
 
 
 @needs_gcc
