@@ -18,6 +18,8 @@ its start. Peers and checks: test_probes_walker.py.
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from test_probes_walker import (check_messages, directions, expected_timestamp, make_messages, netns,  # noqa: F401
                                 router_and_dealer, start_probe)
@@ -38,13 +40,24 @@ def walk_starts(d) -> tuple[object, int]:
     return why, d.offset_of_seq(first.event.seq_start) + first.walked_ranges()[0][0]
 
 
+@contextlib.contextmanager
 def joined(netns_name):
     """A router, and a dealer that sent WARMUP messages before the probe; the
-    two sides to follow: {(pid, is_send)}."""
+    two sides to follow: {(pid, is_send)}. Both stopped at the end."""
     router, dealer, pids = router_and_dealer(netns_name)
-    dealer.ask(f"send small {WARMUP} 1")
-    router.ask(f"wait {WARMUP}")
-    return router, dealer, {(pids["dealer"], True), (pids["router"], False)}
+    try:
+        dealer.ask(f"send small {WARMUP} 1")
+        router.ask(f"wait {WARMUP}")
+        yield router, dealer, {(pids["dealer"], True), (pids["router"], False)}
+    finally:
+        router.stop()
+        dealer.stop()
+
+
+def drained(prog, cap) -> dict:
+    """Every record delivered; the probe's counters."""
+    cap.drain()
+    return prog.counters()["sockcalls"]
 
 
 def followed(calls, sides):
@@ -60,8 +73,7 @@ def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
     from probes.sockcalls import Direction as Dir
     from probes.sockcalls import set_sync_hint
 
-    router, dealer, sides = joined(netns)
-    try:
+    with joined(netns) as (router, dealer, sides):
         prog, cap = start_probe(netns)
         with prog:
             got = WARMUP
@@ -90,11 +102,7 @@ def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
                 got += n
                 after += make_messages(kind, n, seed)
             router.ask(f"wait {got}", prog)
-            cap.drain()
-            counters = prog.counters()["sockcalls"]
-    finally:
-        router.stop()
-        dealer.stop()
+            counters = drained(prog, cap)
 
     for side, d in followed(cap.calls, sides):
         assert walk_starts(d) == (WalkStart.HINT, hinted[side])
@@ -116,8 +124,7 @@ def test_walker_syncs_by_itself_on_paced_calls(netns):  # noqa: F811
     walker syncs at the first one, on both ends."""
     from probes.events import WalkStart
 
-    router, dealer, sides = joined(netns)
-    try:
+    with joined(netns) as (router, dealer, sides):
         prog, cap = start_probe(netns)
         with prog:
             got = WARMUP
@@ -125,11 +132,7 @@ def test_walker_syncs_by_itself_on_paced_calls(netns):  # noqa: F811
                 dealer.ask(f"send small 1 {400 + k}", prog)
                 got += 1
                 router.ask(f"wait {got}", prog)
-            cap.drain()
-            counters = prog.counters()["sockcalls"]
-    finally:
-        router.stop()
-        dealer.stop()
+            counters = drained(prog, cap)
     sent = [make_messages("small", 1, 400 + k)[0] for k in range(20)]
     seen = set()
     for side, d in followed(cap.calls, sides):
@@ -150,17 +153,12 @@ def test_walker_syncs_by_itself_in_a_busy_stream(netns):  # noqa: F811
     message from there on is rebuilt."""
     from probes.events import WalkStart
 
-    router, dealer, expect_sides = joined(netns)
-    try:
+    with joined(netns) as (router, dealer, expect_sides):
         prog, cap = start_probe(netns)
         with prog:
             dealer.ask("send small 1000 300", prog)
             router.ask(f"wait {WARMUP + 1000}", prog)
-            cap.drain()
-            counters = prog.counters()["sockcalls"]
-    finally:
-        router.stop()
-        dealer.stop()
+            counters = drained(prog, cap)
     sent = make_messages("small", 1000, 300)
     stamps = [expected_timestamp(f) for f in sent]
     sides = set()
