@@ -24,6 +24,11 @@ READY; it learns the sender from the framework record's routing id on the
 ROUTER side, and (one agent, several hosts, as in the virtual cluster) shares
 what one end learnt with the other end of the same connection.
 
+Sub-components. A row's runq/busy (receives) and cwnd/rwnd (sends) waits come from
+the netstack state the walker recorded at the exit of the message's last call, with
+the netstack's stage times; agent/netrows.py says exactly what is measured and what
+is inferred.
+
 Time. Decisions wait on a watermark: "every event before T has been delivered".
 The live agent takes T = CLOCK_MONOTONIC just before it drains all its rings and
 passes it on (advance(T)); it is recorded, so a replay sees the same watermarks at
@@ -43,13 +48,15 @@ from typing import Callable
 import numpy as np
 
 from agent.decode import WireMessage
+from agent.netrows import (HOLD_NS, NS_TXC_FORWARDED, R_NOT_LOADED, R_NOT_TIMED,  # noqa: F401 (re-exported)
+                           Connections, TxTimes, sock_wait_split, window_split)
 from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage, op_name
 from parsers.pslite.keysample import key_hash
 from parsers.pslite.message import Kind, Op
 from parsers.pslite.meta import node_id_of_identity
 
 SETTLE_NS = 50_000_000       # a group of same-id messages is complete this long after its last member
-HOLD_NS = 2_000_000_000      # a row waits at most this long for its framework record and its ids
+# HOLD_NS (agent.netrows): a row waits at most this long for its framework record and its ids
 STEP_NS = 10_000_000         # matching runs every STEP_NS of event time
 
 # null reasons (what a reader of null_reasons sees)
@@ -58,8 +65,7 @@ R_NO_FW_MATCH = "no framework record matched"
 R_FW_AMBIGUOUS = "framework records with the same ids could not be told apart"
 R_NO_FIRST_CALL = "the call that moved the first byte was not seen (joined mid-stream or lost)"
 R_NO_LAST_CALL = "the call that moved the last byte was not seen"
-R_NO_NETSTACK = "netstack probe not loaded"
-R_NOT_TIMED = "the kernel probes gave no time for this message end"
+R_NO_NETSTACK = R_NOT_LOADED
 
 
 def _zmtp_bytes(frame_sizes) -> int:
@@ -494,10 +500,23 @@ class Correlator:
             "key_sample_complete": m.key_sample_complete,
             "value_bytes": m.value_bytes, "msg_bytes": m.total_bytes,
             "framework_layer": fw.layer if fw is not None else None,
-            "null_reasons": ";".join(f"{k}={v}" for k, v in reasons.items()),
         })
         for col in _SUB_COLS:
             row[col] = stages.get(col)
+        if not self.netstack_on:
+            cols = ("cwnd_wait_ns", "rwnd_wait_ns") if wm.tx else ("runq_wait_ns", "busy_wait_ns")
+            sub = {k + ":null": R_NO_NETSTACK for k in cols}
+        elif wm.tx:
+            sub = window_split(wm.seq_end, row["ts_send_last_exit_ns"], last.window if last else None, stages)
+        else:
+            sub = sock_wait_split(row["ts_data_ready_ns"], row["ts_recv_last_exit_ns"],
+                                  last.sched if last else None)
+        for k, v in sub.items():
+            if k.endswith(":null"):
+                reasons[k[:-len(":null")]] = v
+            else:
+                row[k] = v
+        row["null_reasons"] = ";".join(f"{k}={v}" for k, v in reasons.items())
         if wm.tx and ts_fw is not None and self.connections is not None:
             # the request waited for its connection (zmq connects in the background)
             est = self.connections.established_ns(conn.local, conn.remote)
@@ -509,165 +528,3 @@ class Correlator:
 _STAGE_COLS = tuple(dict.fromkeys(list(TX_STAGE_COLUMNS.values()) + list(RX_STAGE_COLUMNS.values())))
 _SUB_COLS = ("runq_wait_ns", "busy_wait_ns", "cwnd_wait_ns", "rwnd_wait_ns", "qdisc_wait_ns",
              "connect_wait_ns")
-
-
-# ---------------------------------------------------------------- netstack
-
-NS_TX_F_RETRANS, NS_TX_F_OVERWRITTEN, NS_TX_F_CLOSED, NS_TX_F_SENT_UNSEEN, NS_TX_F_NO_QUEUE = 1, 2, 4, 8, 16
-NS_TXC_COMPLETED, NS_TXC_FORWARDED, NS_TXC_DROPPED = 1, 2, 3
-_NO_XMIT = ((NS_TX_F_OVERWRITTEN, "the end left the socket's ring before reaching the driver"),
-            (NS_TX_F_CLOSED, "the socket closed before the segment reached the driver"),
-            (NS_TX_F_SENT_UNSEEN, "sent before the socket was tracked, or its handoff record was overwritten"))
-_TXDONE_NULL = {NS_TXC_FORWARDED: "device has no TX completion (veth/loopback hand the skb to the peer)",
-                NS_TXC_DROPPED: "the segment was dropped after the driver handoff"}
-
-
-def tx_stages_of(flags: int, ts_queue_ns: int, ts_xmit_ns: int) -> dict:
-    """Send-side stages of a message end from a netstack TX event."""
-    for bit, why in _NO_XMIT:
-        if flags & bit:
-            return {"ts_xmit_last_ns": None, "ts_xmit_last_ns:null": why,
-                    "ts_txdone_last_ns": None, "ts_txdone_last_ns:null": "no driver handoff on record"}
-    out = {"ts_xmit_last_ns": ts_xmit_ns or None}
-    if not ts_xmit_ns:
-        out["ts_xmit_last_ns:null"] = R_NOT_TIMED
-    if ts_queue_ns and ts_xmit_ns and not flags & NS_TX_F_NO_QUEUE:
-        out["qdisc_wait_ns"] = ts_xmit_ns - ts_queue_ns
-    return out
-
-
-class TxTimes:
-    """Send-side times per message end (socket, end_seq), as the netstack probe
-    reports them: a TX event (driver handoff), then a TX_DONE (completion, or
-    why there is none). Complete when both came, or the first says no times."""
-
-    def __init__(self):
-        self._by_end: dict[tuple, dict] = {}
-        self.retransmitted_ends = 0
-
-    def on_tx(self, sk: int, end_seq: int, flags: int, ts_queue_ns: int, ts_xmit_ns: int, now_ns: int) -> None:
-        if flags & NS_TX_F_RETRANS:
-            self.retransmitted_ends += 1   # the first transmission's times stand
-            return
-        st = self._by_end.setdefault((sk, end_seq), {"_added": now_ns})
-        got = tx_stages_of(flags, ts_queue_ns, ts_xmit_ns)
-        st.update({k: v for k, v in got.items() if k not in st or k.startswith("ts_xmit") or k == "qdisc_wait_ns"})
-        if "ts_txdone_last_ns" in got:
-            st["_done"] = True
-
-    def on_tx_done(self, sk: int, end_seq: int, reason: int, ts_done_ns: int, now_ns: int) -> None:
-        st = self._by_end.setdefault((sk, end_seq), {"_added": now_ns})
-        if reason == NS_TXC_COMPLETED and ts_done_ns:
-            st["ts_txdone_last_ns"] = ts_done_ns
-        else:
-            st["ts_txdone_last_ns"] = None
-            st["ts_txdone_last_ns:null"] = _TXDONE_NULL.get(reason, R_NOT_TIMED)
-        st["_done"] = True
-
-    def get(self, sk: int, end_seq: int) -> dict | None:
-        return self._by_end.get((sk, end_seq))
-
-    def pop(self, sk: int, end_seq: int) -> dict | None:
-        return self._by_end.pop((sk, end_seq), None)
-
-    def prune(self, now_ns: int) -> None:
-        old = [k for k, v in self._by_end.items() if now_ns - v["_added"] > 4 * HOLD_NS]
-        for k in old:
-            del self._by_end[k]
-
-
-_TCP_STATE = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
-              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING",
-              12: "NEW_SYN_RECV"}
-TCP_ESTABLISHED, TCP_SYN_SENT, TCP_SYN_RECV, TCP_CLOSE = 1, 2, 3, 7
-NS_CALL_CONNECT, NS_CALL_ACCEPT = 1, 2
-NS_CONN_F_ISN, NS_CONN_F_TGID = 1, 2
-
-
-class Connections:
-    """Connection life-cycles -> rows of the `connections` table (records.CONNECTIONS_SCHEMA).
-    emit(netns inode, row) gets a row when the connection closes, or at the end."""
-
-    def __init__(self, emit: Callable[[int, dict], None], host_of: Callable[[int], str]):
-        self.emit = emit
-        self.host_of = host_of
-        self._open: dict[tuple, dict] = {}    # (netns, sk) -> row in progress
-        self._est_of: dict[tuple, int] = {}   # (local, remote) -> ESTABLISHED ts (for connect_wait)
-
-    def _row(self, netns: int, sk: int) -> dict:
-        r = self._open.get((netns, sk))
-        if r is None:
-            r = self._open[(netns, sk)] = {"netns_ino": netns, "role": "unknown", "retransmits": 0,
-                                           "retransmit_failures": 0, "_states": []}
-        return r
-
-    @staticmethod
-    def _tuple(r: dict, family: int, saddr: bytes, daddr: bytes, sport: int, dport: int) -> None:
-        from agent.decode import _addr
-        if sport or dport:
-            r.update(local_ip=_addr(family, bytes(saddr)), local_port=sport,
-                     remote_ip=_addr(family, bytes(daddr)), remote_port=dport)
-
-    def on_call(self, ev) -> None:
-        if not ev.sk:
-            return
-        r = self._row(ev.netns_ino, ev.sk)
-        r["pid"] = ev.tgid
-        self._tuple(r, ev.family, ev.saddr, ev.daddr, ev.sport, ev.dport)
-        if ev.call == NS_CALL_CONNECT:
-            r.update(role="connect", ts_connect_enter_ns=ev.ts_enter_ns, ts_connect_exit_ns=ev.ts_exit_ns,
-                     connect_ret=ev.ret)
-        elif ev.call == NS_CALL_ACCEPT:
-            r.update(role="accept", ts_accept_enter_ns=ev.ts_enter_ns, ts_accept_exit_ns=ev.ts_exit_ns)
-
-    def on_state(self, ev) -> None:
-        r = self._row(ev.netns_ino, ev.sk)
-        self._tuple(r, ev.family, ev.saddr, ev.daddr, ev.sport, ev.dport)
-        if ev.flags & NS_CONN_F_TGID and ev.tgid:
-            r.setdefault("pid", ev.tgid)
-        if ev.flags & NS_CONN_F_ISN:
-            r.update(isn_local=ev.isn_local, isn_remote=ev.isn_remote)
-        r["_states"].append(f"{_TCP_STATE.get(ev.newstate, ev.newstate)}@{ev.ts_ns}")
-        if ev.newstate == TCP_SYN_SENT:
-            r["ts_syn_sent_ns"] = ev.ts_ns
-        elif ev.newstate == TCP_SYN_RECV:
-            r["ts_syn_recv_ns"] = ev.ts_ns
-        elif ev.newstate == TCP_ESTABLISHED:
-            r["ts_established_ns"] = ev.ts_ns
-            if "local_ip" in r:
-                self._est_of[((r["local_ip"], r["local_port"]), (r["remote_ip"], r["remote_port"]))] = ev.ts_ns
-        elif ev.newstate == TCP_CLOSE:
-            r["ts_close_ns"] = ev.ts_ns
-            self._flush(ev.netns_ino, ev.sk)
-
-    def on_retransmit(self, ev) -> None:
-        r = self._row(ev.netns_ino, ev.sk)
-        self._tuple(r, ev.family, ev.saddr, ev.daddr, ev.sport, ev.dport)
-        r["retransmits"] += 1
-        if ev.err:
-            r["retransmit_failures"] += 1
-
-    def established_ns(self, local, remote) -> int | None:
-        return self._est_of.get((local, remote))
-
-    def _flush(self, netns: int, sk: int) -> None:
-        from agent.decode import conn_id_of
-        r = self._open.pop((netns, sk))
-        states = r.pop("_states")
-        r["states"] = ",".join(states)
-        if "local_ip" in r:
-            known = "isn_local" in r
-            r["conn_id"] = conn_id_of((r["local_ip"], r["local_port"]), (r["remote_ip"], r["remote_port"]),
-                                      r.get("isn_local", 0), r.get("isn_remote", 0), known)[0]
-        est = r.get("ts_established_ns")
-        start = r.get("ts_connect_enter_ns") or r.get("ts_syn_sent_ns")
-        if est and start:
-            r["handshake_ns"] = est - start
-        if est and r.get("ts_accept_exit_ns"):
-            r["accept_wait_ns"] = r["ts_accept_exit_ns"] - est
-        r["host_id"] = self.host_of(netns)
-        self.emit(netns, r)
-
-    def close(self) -> None:
-        for netns, sk in list(self._open):
-            self._flush(netns, sk)

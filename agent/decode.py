@@ -73,6 +73,9 @@ class Call:
     ends: dict              # {rel end: {stage column: ts_ns}}
     start_offset: int = 0   # stream offset of seq_start (set by the decoder)
     kernel_unsynced: bool = False  # walker format: the kernel was not following frames at the call's end
+    # netstack state at the call's exit (walker format, calls that ended a message):
+    sched: tuple | None = None     # receives: agent.netrows.SchedHistory.snapshot of the thread
+    window: bytes | None = None    # sends: struct ns_window of the socket (agent.netrows.window_split)
 
 
 _addr_cache: dict[bytes, str] = {}
@@ -149,6 +152,7 @@ NS_RX_F_NETIF, NS_RX_F_NIC, NS_RX_F_DATA_READY, NS_RX_F_NO_NAPI = 0x1, 0x2, 0x4,
 NS_RX_F_NETIF_OVERWRITTEN, NS_RX_F_NETIF_MISSING = 0x10, 0x20
 NS_RX_F_DR_MISSING, NS_RX_F_UNTRACKED, NS_RX_F_NOT_LOADED = 0x80, 0x200, 0x8000
 _RX_TIMES = struct.Struct("<QQQII")    # struct ns_rx_times: nic, netif, data_ready, rcv_nxt, flags
+_ITEM_SCHED, _ITEM_WINDOW = 7, 8       # enum sockcall_item_kind (probes/events.h); checked by the unit tests
 
 
 def rx_stages(nic: int, netif: int, dr: int, flags: int) -> dict:
@@ -192,8 +196,10 @@ class SockcallAssembler:
         self.format = fmt
         self._calls = None
         if fmt == "items":
+            from agent.netrows import SchedHistory
             from probes.sockcalls import CallAssembler
             self._calls = CallAssembler()
+            self._sched = SchedHistory()
 
     def feed(self, raw: bytes) -> Call | None:
         if self.format == "prefix":
@@ -220,6 +226,11 @@ class SockcallAssembler:
                 nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(e.rx_times)
                 st.update(rx_stages(nic, netif, dr, flags))
         c = _call(_head(raw), view, ends)
+        for it, body in wc.items:
+            if it.kind == _ITEM_SCHED:
+                c.sched = self._sched.snapshot(c.tid, c.exit_ts_ns, body)
+            elif it.kind == _ITEM_WINDOW:
+                c.window = body
         # the walker was not following frames at the call's end: a sync hint may help
         # (why it stopped is in the probe's counters: desyncs, stream_gaps, walk_aborted)
         walked = wc.walked_ranges()

@@ -89,7 +89,10 @@ MESSAGES_SCHEMA = pa.schema([
     ("ts_nic_rx_last_ns", _ts), ("ts_netif_rx_last_ns", _ts),
     ("ts_data_ready_ns", _ts), ("ts_recv_last_exit_ns", _ts),
     ("null_reasons", pa.string()),        # "stage=reason;..." for every null stage
-    # inputs of the sub-components (DESIGN.md)
+    # inputs of the sub-components (DESIGN.md); what each measures or infers, and why
+    # one is null (its reason under its name in null_reasons): agent/netrows.py.
+    # rx rows: runq_wait + busy_wait = ts_recv_last_exit - ts_data_ready;
+    # tx rows: cwnd_wait, rwnd_wait, qdisc_wait (stack_tx is the rest of kernel_tx)
     ("runq_wait_ns", _ts), ("busy_wait_ns", _ts),
     ("cwnd_wait_ns", _ts), ("rwnd_wait_ns", _ts), ("qdisc_wait_ns", _ts),
     ("connect_wait_ns", _ts),

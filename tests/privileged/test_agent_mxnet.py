@@ -11,6 +11,12 @@ response must be found on both hosts. No data request is invented: the agent's
 push/pull requests of a worker are exactly the log's slices (init included).
 Both kvstore modes run under the same agent and cluster (a job's rows are told
 apart by the processes' pids).
+
+The sub-component inputs (agent/netrows.py) on the same traffic: on receive rows
+runq_wait + busy_wait = data-ready -> recv exit exactly, both >= 0, given for most
+messages and null only with a reason; on send rows cwnd_wait and rwnd_wait are
+given for every message with a driver handoff, >= 0, and the measured waits never
+exceed kernel_tx (first send entry -> driver handoff of the last segment).
 """
 from __future__ import annotations
 
@@ -128,6 +134,22 @@ def _check_job(msgs: pd.DataFrame, res: runner.MxnetResult) -> dict:
     return stats
 
 
+def _check_subcomponents(msgs: pd.DataFrame) -> None:
+    rx = msgs[(msgs.direction == "rx") & msgs.ts_data_ready_ns.notna() & msgs.ts_recv_last_exit_ns.notna()]
+    sock = rx.ts_recv_last_exit_ns - rx.ts_data_ready_ns
+    have = rx.runq_wait_ns.notna()
+    assert (have == rx.busy_wait_ns.notna()).all()
+    assert have.mean() >= 0.6, f"runq/busy given for {have.mean():.0%} of {len(rx)} received messages"
+    assert ((rx.runq_wait_ns + rx.busy_wait_ns)[have] == sock[have]).all()
+    assert (rx.runq_wait_ns[have] >= 0).all() and (rx.busy_wait_ns[have] >= 0).all()
+    assert rx[~have].null_reasons.str.contains("runq_wait_ns=").all()
+    tx = msgs[(msgs.direction == "tx") & msgs.ts_xmit_last_ns.notna() & msgs.ts_send_first_enter_ns.notna()]
+    assert len(tx) and tx.cwnd_wait_ns.notna().all() and tx.rwnd_wait_ns.notna().all()
+    assert (tx.cwnd_wait_ns >= 0).all() and (tx.rwnd_wait_ns >= 0).all()
+    waits = tx.cwnd_wait_ns + tx.rwnd_wait_ns + tx.qdisc_wait_ns.fillna(0)
+    assert (waits <= tx.ts_xmit_last_ns - tx.ts_send_first_enter_ns).all()
+
+
 def test_agent_finds_every_mxnet_push_and_pull(tmp_path):
     lib = venv.libmxnet_path()
     with Cluster(3, wait_s=WAIT_S, log_dir=tmp_path / "wire") as cluster:
@@ -138,6 +160,7 @@ def test_agent_finds_every_mxnet_push_and_pull(tmp_path):
             results = [_run_job(cluster, tmp_path, m) for m in ("dist_async", "dist_sync")]
             assert agent.stop() == 0, agent.log_tail(30)
     msgs = _tables(tmp_path / "agent")
+    _check_subcomponents(msgs)
     for res in results:
         stats = _check_job(msgs, res)
         assert stats["slices"] >= 2 * 2 * 6, stats

@@ -171,3 +171,35 @@ def test_groups_whose_ids_are_absent_expire_without_comparing_none():
     rig.cor.now_ns += 2 * correlate.HOLD_NS
     rig.cor.step()
     assert rig.cor.counters["framework_unmatched"] == 4
+
+
+def test_rows_carry_the_sub_component_inputs_of_their_last_call():
+    """The send's window state and the receive's scheduler record (walker items, set
+    on the Call here) become cwnd/rwnd and runq/busy of the message's row."""
+    from agent.netrows import NS_SCHED_F_TRACKED, NS_WIN_F_VALID
+    from probes.events import NsWindow
+
+    rig = Rig(netstack=True)
+    data, _ = encode_stream([slice_(0, [1])], identity=b"ps9", handshake=True)
+    c = rig.asm.feed(record(True, ISN_C + 1, len(data), data[:256], ts=10_000, local=WORKER_A, sk=9))
+    end = (c.seq_start + c.seq_bytes) & 0xFFFFFFFF
+    # at the send's exit (10.5 us) the end was unsent and the congestion window full
+    c.window = bytes(NsWindow(snd_cwnd=4, packets_out=4, snd_wnd=1 << 20, snd_una=c.seq_start,
+                              snd_nxt=c.seq_start, write_seq=end, flags=NS_WIN_F_VALID))
+    for wm in rig.dec.feed(c):
+        rig.cor.on_message(wm)
+    rig.cor.on_netstack(type("Ev", (), dict(kind=1, sk=9, end_seq=end, flags=0, ts_queue_ns=14_000,
+                                            ts_xmit_ns=14_200)))
+    resp, _ = encode_stream([MessageSpec(timestamp=0, request=False, keys=[1], vals=b"v" * 8)],
+                            identity=None, handshake=True)
+    r = rig.asm.feed(record(False, ISN_S + 1, len(resp), resp[:256], ts=30_000, local=WORKER_A, sk=9))
+    # woken at 25 us after data-ready (ends' times: the walker's RX_TIMES), on CPU at 27 us
+    # (SchedHistory.snapshot's shape: wake, switch-in, runq, switch-ins, tracked since, flags, previous)
+    r.sched = (25_000, 27_000, 0, 3, 1, NS_SCHED_F_TRACKED, None)
+    r.ends[len(resp)] = {"ts_data_ready_ns": 24_000, "ts_netif_rx_last_ns": 23_000}
+    for wm in rig.dec.feed(r):
+        rig.cor.on_message(wm)
+    rows = {row["direction"]: row for row in rig.close()}
+    assert rows["tx"]["cwnd_wait_ns"] == 14_000 - 10_500 and rows["tx"]["rwnd_wait_ns"] == 0
+    assert rows["tx"]["qdisc_wait_ns"] == 200
+    assert rows["rx"]["runq_wait_ns"] == 2_000 and rows["rx"]["busy_wait_ns"] == 30_500 - 24_000 - 2_000
