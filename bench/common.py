@@ -172,6 +172,9 @@ def job_figures(truth, warmup_s: float, open_loop: bool) -> dict:
     if open_loop and done["t_scheduled_ns"].notna().all():
         lag_us = (done["t_issued_ns"] - done["t_scheduled_ns"]).to_numpy(dtype=np.float64) / 1e3
         out["issue_lag_p99_us"] = float(np.percentile(lag_us, 99))
+        # from the issue: the path through the network stacks, without the issuer's own stalls
+        from_issue_us = (done["t_completed_ns"] - done["t_issued_ns"]).to_numpy(dtype=np.float64) / 1e3
+        out["p99_from_issue_us"] = float(np.percentile(from_issue_us, 99))
     return out
 
 

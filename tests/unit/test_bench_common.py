@@ -106,6 +106,7 @@ def test_job_figures_leave_out_the_warmup_and_count_from_when_due_in_open_loop()
     opened = job_figures(_truth(True), warmup_s=0.2, open_loop=True)
     assert opened["p50_us"] == pytest.approx(3000.0)
     assert opened["issue_lag_p99_us"] == pytest.approx(1000.0)
+    assert opened["p99_from_issue_us"] == pytest.approx(2000.0)
 
 
 def test_agent_counters_read_lost_events_from_meta(tmp_path):

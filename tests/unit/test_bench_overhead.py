@@ -57,6 +57,7 @@ def test_production_ratios_are_medians_over_rounds_against_each_rounds_baseline(
     assert out["aa_noise"] == pytest.approx(0.01)
     assert out["verdict_throughput"] == "misses" and out["verdict_p99"] == "misses"
     assert out["agent_lost_events"] == [0, 1, 2]
+    assert out["agent_runs_with_loss"] == 2
     assert out["rounds"] == 3 and out["failed_runs"] == 0
 
 
