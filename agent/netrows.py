@@ -106,6 +106,7 @@ R_SCHED_UNTRACKED = "the reading thread's scheduling was not followed before tha
 R_NO_READY = "no data-ready or recv exit time for this message end"
 R_RUNQ_MIXED = ("the reading thread was switched out and in again after data-ready, its latest wake-up "
                 "before it: the run-queue share after data-ready cannot be isolated")
+R_SCHED_AFTER_EXIT = "the reading thread was switched out and in again between the recv's exit and the scheduler read"
 R_NO_WINDOW = "no window record for the send that wrote the last byte"
 R_WINDOW_NOT_READ = "the window state could not be read"
 R_NO_LEFT_TCP = "no time at which the end left TCP (no queueing or driver handoff on record)"
@@ -155,7 +156,7 @@ def sock_wait_split(ts_data_ready_ns: int | None, ts_recv_exit_ns: int | None, s
     - S >= D otherwise, and D <= W <= S: runq_wait = S - W, from the wake-up after
       data-ready to the switch-in (measured); run-queue time of earlier preemptions
       between D and W is not separable and stays in busy_wait (a lower bound).
-    - else null, with the reason.
+    - else (or S after R: the record was read after a later switch-in) null, with the reason.
     busy_wait = sock_wait - runq_wait: the thread ran, or slept waiting on something
     else (other connections, the app), while the data waited."""
     if ts_data_ready_ns is None or ts_recv_exit_ns is None:
@@ -169,6 +170,10 @@ def sock_wait_split(ts_data_ready_ns: int | None, ts_recv_exit_ns: int | None, s
         return _nulls(("runq_wait_ns", "busy_wait_ns"), R_SCHED_UNTRACKED)
     d, r = ts_data_ready_ns, ts_recv_exit_ns
     sock = r - d
+    if sw_in > r:
+        # preempted between the exit's timestamp and the record's read: the counters
+        # describe a later run-queue period, not the one before the exit
+        return _nulls(("runq_wait_ns", "busy_wait_ns"), R_SCHED_AFTER_EXIT)
     if (sw_in and sw_in < d) or (not sw_in and tracked <= d):
         runq_wait = 0
     elif prev is not None and prev[0] <= d and nr - prev[2] == 1:

@@ -64,6 +64,8 @@ def test_nulls_say_why():
     mixed = _split(h, 3000, 9000, wake=2000, sw_in=5600, runq=2000, nr=4)
     assert mixed["runq_wait_ns"] is None and mixed["busy_wait_ns"] is None
     assert mixed["runq_wait_ns:null"] == netrows.R_RUNQ_MIXED
+    late = _split(SchedHistory(), 3000, 9000, wake=8000, sw_in=9100, runq=2000, nr=4)
+    assert late["runq_wait_ns:null"] == netrows.R_SCHED_AFTER_EXIT
     first = sock_wait_split(3000, 9000, SchedHistory().snapshot(TID, 9000, _sched(flags=0)))
     assert first["busy_wait_ns:null"] == netrows.R_SCHED_UNTRACKED
     assert sock_wait_split(3000, 9000, None)["runq_wait_ns:null"] == netrows.R_NO_SCHED
