@@ -89,7 +89,7 @@ SOCKCALLS = Probe(
         "SOCKCALLS_CONNS_MAX": (16384, 64, 1 << 22),  # connections whose facts are cached (~136 B each)
         "SOCKCALLS_IOV_WALK_MAX": (8, 1, 32),  # iovecs of a call the walker reads
         # the ZMTP walker (zmtp_walk.bpf.h)
-        "SOCKCALLS_WALK_STEPS": (32, 1, 256),  # steps per walker pass; 33 passes per call at most
+        "SOCKCALLS_WALK_STEPS": (32, 1, 64),  # steps per walker pass (33 passes per call at most); the verifier refuses ~96
         "SOCKCALLS_META_COPY_MAX": (512, 0, 2048),  # bytes of a meta frame (frame 0) copied out
         "SOCKCALLS_COMMAND_COPY_MAX": (256, 0, 2048),  # bytes of a command frame copied out
         "SOCKCALLS_KEY_SAMPLE_MAX": (16, 0, 64),  # keys copied out per message
@@ -106,7 +106,9 @@ SOCKCALLS = Probe(
 # ---------------------------------------------------------------------------
 # The walker's programs and maps (zmtp_walk.bpf.h)
 
-WALKER_PROGRAMS = ("zw_walk", "zw_ends", "zw_hunt_prog")  # slots of sockcalls_progs (ZW_PROG_*)
+# The walker's tail-called programs and their slots in sockcalls_progs (ZW_PROG_*),
+# in order of importance: following frames, finding sync, the netstack lookups.
+WALKER_PROGRAMS = {"zw_walk": 0, "zw_hunt_prog": 2, "zw_ends": 1}
 _PROG_ARRAY = b"sockcalls_progs"
 _HINT_MAP = b"sockcalls_sync_hint"
 
@@ -125,12 +127,24 @@ def install_walker(prog) -> None:
     connections go unsynced. TODO(lead): the loader should call this after
     compiling and before attaching (a generic "after load" hook on Probe), so
     no call slips through."""
+    Every program is tried, the most important first; those the kernel refuses
+    (the netstack lookups with its ring sizes at their maximum can exceed the
+    verifier's budget) are named in one RuntimeError at the end: a missing
+    zw_ends leaves message ends without kernel times, a missing zw_hunt_prog
+    leaves joined connections to hints, a missing zw_walk leaves raw prefixes."""
     import bcc  # only here: the rest of this module runs without bcc
 
     table = prog.bpf[_PROG_ARRAY]
-    for slot, name in enumerate(WALKER_PROGRAMS):
-        fn = prog.bpf.load_func(name.encode(), bcc.BPF.TRACEPOINT)
+    failed = []
+    for name, slot in WALKER_PROGRAMS.items():
+        try:
+            fn = prog.bpf.load_func(name.encode(), bcc.BPF.TRACEPOINT)
+        except Exception as e:  # bcc raises Exception with the verifier's verdict
+            failed.append(f"{name}: {e}")
+            continue
         table[ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
+    if failed:
+        raise RuntimeError("walker programs not loaded: " + "; ".join(failed))
 
 
 class _HintKey(ctypes.Structure):
