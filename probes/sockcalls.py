@@ -126,7 +126,8 @@ def install_walker(prog) -> None:
     Until this runs, walked calls end with WALK_END NO_WALKER and their
     connections go unsynced. TODO(lead): the loader should call this after
     compiling and before attaching (a generic "after load" hook on Probe), so
-    no call slips through."""
+    no call slips through.
+
     Every program is tried, the most important first; those the kernel refuses
     (the netstack lookups with its ring sizes at their maximum can exceed the
     verifier's budget) are named in one RuntimeError at the end: a missing
