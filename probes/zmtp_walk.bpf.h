@@ -22,11 +22,15 @@
  *
  * Sync: a connection whose first byte the walker sees (seq_start ==
  * ISN + 1) is walked from its greeting. One joined mid-stream is unsynced:
- * its calls carry a raw prefix until user space (the ps-lite parser, which
- * resynchronises on a chain of frames) writes a sync hint: "a frame header
- * starts at sequence S, frame i of its message"; the walker starts there when
- * a call's range reaches S. An impossible header makes the connection
- * unsynced again (counted).
+ * its calls carry a raw prefix until
+ *  - the walker finds sync by itself (self-sync, below): a ps-lite meta
+ *    header starting a chain of frames that completes two messages inside
+ *    one call, or one message ending exactly at the call's end; or
+ *  - user space (the ps-lite parser, which resynchronises on a chain of
+ *    frames) writes a sync hint: "a frame header starts at sequence S, frame
+ *    i of its message"; the walker starts there when a call's range reaches
+ *    S (a hint the stream has passed is dropped and counted: stale).
+ * An impossible header makes the connection unsynced again (counted).
  *
  * Cost and the verifier: the walk is a loop of small steps (one header, or
  * one stretch of a body) over a context kept in a per-CPU array (the BPF
@@ -35,6 +39,16 @@
  * SOCKCALLS_WALK_STEPS steps per program, continued by tail calls of the
  * walker program to itself (the kernel allows 33 per event): a call with
  * more frames than that budget stops the walk (counted, WALK_END BUDGET).
+ * Programs (sockcalls.bpf.c): sc_exit sets up the call (zw_begin) and
+ * tail-calls zw_walk (synced) or zw_hunt_prog (unsynced, no hint); zw_walk
+ * tail-calls itself while bytes remain, then zw_ends for the netstack lookups
+ * of the message ends it saw (SOCKCALLS_ENDS_PER_PASS per pass).
+ *
+ * The verifier: it follows every path through each loop iteration, and
+ * prunes a path only when its state matches one already seen. Values that
+ * would differ per path (output cursor, loop results, bounds narrowed by a
+ * loop's exit test) are therefore kept in the walk context, volatile, rather
+ * than in registers; see the comments at those fields.
  *
  * The probe that includes it (sockcalls.bpf.c) defines where records and
  * counts go: sc_output() and sc_add() below.
