@@ -128,9 +128,8 @@ enum sockcall_item_kind {
 #define SOCKCALL_WALK_GREETING  1 /* the connection's first byte: synced from the greeting */
 #define SOCKCALL_WALK_CONTINUE  2 /* the walk of the previous call goes on */
 #define SOCKCALL_WALK_HINT      3 /* a sync hint from user space placed a frame header here */
-#define SOCKCALL_WALK_SELF      4 /* unsynced: a ps-lite meta header here starts a chain of frames that
-                                   * completes two messages inside the call, or one exactly at its end
-                                   * (user space may still disagree) */
+#define SOCKCALL_WALK_SELF      4 /* unsynced: the walker found sync by itself (zmtp_walk.bpf.h, self-sync:
+                                   * a chain of ps-lite frames from a meta header; user space may still disagree) */
 
 /* WALK_END reasons */
 #define SOCKCALL_STOP_NOT_ZMTP    1 /* the first bytes are no ZMTP 3 greeting */

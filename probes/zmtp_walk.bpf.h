@@ -25,7 +25,8 @@
  * its calls carry a raw prefix until
  *  - the walker finds sync by itself (self-sync, below): a ps-lite meta
  *    header starting a chain of frames that completes two messages inside
- *    one call, or one message ending exactly at the call's end; or
+ *    one call, or one message ending exactly at the call's end, or whose
+ *    predicted headers later calls confirm (messages longer than a call); or
  *  - user space (the ps-lite parser, which resynchronises on a chain of
  *    frames) writes a sync hint: "a frame header starts at sequence S, frame
  *    i of its message"; the walker starts there when a call's range reaches
@@ -94,6 +95,11 @@ sc_add(int slot, u64 n);
 #define ZW_HUNT_CANDIDATES 4 /* of which this many are followed */
 #define ZW_HUNT_FRAMES 24    /* headers followed per candidate */
 #define ZW_HUNT_MESSAGES 2   /* messages a candidate's chain must complete inside the call */
+#define ZW_HUNT_CONFIRM 3    /* headers a chain across calls must predict and find before the walk starts */
+/* zw_chain: what a chain of frames did */
+#define ZW_CHAIN_BAD 0   /* met bytes that are no frame header (or could not tell) */
+#define ZW_CHAIN_DONE 1  /* completed the messages that prove it */
+#define ZW_CHAIN_AHEAD 2 /* plausible up to the call's end; its next header is at h_pos, frame h_idx */
 #define ZW_META_FIRST_BYTE 0x08 /* PBMeta's field 1 (head, varint): ps-lite always sets it */
 #define ZW_META_MIN 8
 #define ZW_DATA_FRAMES_MAX 8 /* as parsers/pslite MAX_DATA_FRAMES */
@@ -153,8 +159,10 @@ struct zw_state {
 	u8 body;        /* enum zw_body */
 	u8 flags;       /* the current frame's flags */
 	u8 hdr_have;    /* header bytes read so far (flags byte included) */
-	u8 key_level;   /* KEYS: sampling level (events.h, struct sockcall_key_scan) */
-	u8 _pad;
+	u8 key_level;   /* KEYS: sampling level (events.h, struct sockcall_keys) */
+	u8 cand_score;  /* unsynced: frame headers a pending candidate predicted and found; 0: none */
+	u32 cand_seq;   /* ... where it predicts the next header */
+	u32 cand_idx;   /* ... and that header's frame index */
 };
 
 /* A sync hint from user space (probes/sockcalls.py set_sync_hint). */
@@ -201,7 +209,7 @@ struct zw_walk {
 	volatile u64 scan_mask, scan_kept;        /* zw_hash_block's results */
 	volatile u32 n_cand;                    /* zw_hunt_find: candidates found */
 	u32 cand[ZW_HUNT_CANDIDATES];
-	volatile u64 h_pos;                     /* zw_chain_ok: where the chain is */
+	volatile u64 h_pos;                     /* zw_chain: where the chain is */
 	volatile u64 h_limit, h_n;              /* zw_hunt_find: bytes searched, candidates' window */
 	volatile u32 h_idx, h_msgs;
 };
@@ -494,6 +502,7 @@ static __always_inline void zw_write_stop(struct zw_scratch *s)
 	}
 	w->st.phase = phase;
 	w->st.hdr_have = 0;
+	w->st.cand_score = 0;
 }
 
 /* ---- frames ---------------------------------------------------------------- */
@@ -1003,37 +1012,45 @@ static __always_inline int zw_begin(struct zw_scratch *s, u64 sk, u8 call, u32 d
  * frames, every frame 0 a candidate again) completes ZW_HUNT_MESSAGES
  * messages inside the call, or completes one exactly at the call's end (a
  * call per message, as paced traffic sends and receives): random bytes
- * practically never do. A message larger than a call never qualifies: there,
- * user-space hints (the end of the frame in progress) lie ahead of the stream
- * and do the job. Only the call's first iovec is searched. */
+ * practically never do. A chain that runs past the call's end (a message
+ * longer than a call) becomes a pending candidate: it predicts the sequence
+ * of the next header, and later calls check the bytes there; after
+ * ZW_HUNT_CONFIRM headers found where predicted, the walk starts at the last
+ * one. (A user-space hint would do the same from outside, but by the time it
+ * arrives the stream has passed a large frame's end.) Only the call's first
+ * iovec is searched. */
 
-/* Whether the chain of frames from call offset p completes enough messages
- * before w->h_limit. Its position, frame index and message count live in the
- * walk context (volatile): registers would carry a different value on every
- * path and defeat the verifier's pruning. */
-static __always_inline int zw_chain_ok(struct zw_walk *w, u64 base, u64 p)
+/* Follow the chain of frames from call offset p (a header of frame idx0 of
+ * its message) up to w->h_limit: ZW_CHAIN_*. Its position, frame index and
+ * message count live in the walk context (volatile): registers would carry a
+ * different value on every path and defeat the verifier's pruning. */
+static __always_inline int zw_chain(struct zw_walk *w, u64 base, u64 p, u32 idx0)
 {
 	w->h_pos = p;
-	w->h_idx = 0;
+	w->h_idx = idx0;
 	w->h_msgs = 0;
 	for (int k = 0; k < ZW_HUNT_FRAMES; k++) {
 		u64 pos = w->h_pos;
 		u64 limit = w->h_limit;
+		if (pos >= limit)
+			/* the next header is in a later call (only when the iovec
+			 * searched holds the whole call: else it may be in this one) */
+			return limit == w->total ? ZW_CHAIN_AHEAD : ZW_CHAIN_BAD;
 		if (pos + 3 > limit)
-			return 0;
+			return ZW_CHAIN_BAD; /* split by the call's end: cannot tell */
 		u8 h[16] = {};
 		u64 r = limit - pos;
 		if (r > 10)
 			r = 10;
 		if (bpf_probe_read_user(h, r & 15, (void *)(base + pos)))
-			return 0;
+			return ZW_CHAIN_BAD;
 		u8 f = h[0];
 		if (f & ~(ZW_FLAG_MORE | ZW_FLAG_LONG))
-			return 0;
+			return ZW_CHAIN_BAD;
 		u64 size = h[1], hl = 2;
 		if (f & ZW_FLAG_LONG) {
 			if (r < 9)
-				return 0;
+				return ZW_CHAIN_BAD;
 			size = ((u64)h[1] << 56) | ((u64)h[2] << 48) | ((u64)h[3] << 40) | ((u64)h[4] << 32) |
 			       ((u64)h[5] << 24) | ((u64)h[6] << 16) | ((u64)h[7] << 8) | h[8];
 			hl = 9;
@@ -1041,12 +1058,12 @@ static __always_inline int zw_chain_ok(struct zw_walk *w, u64 base, u64 p)
 		u32 idx = w->h_idx;
 		if (idx == 0) {
 			if ((f & ZW_FLAG_LONG) || size < ZW_META_MIN || h[2] != ZW_META_FIRST_BYTE)
-				return 0;
+				return ZW_CHAIN_BAD;
 		} else if (idx > ZW_DATA_FRAMES_MAX) {
-			return 0;
+			return ZW_CHAIN_BAD;
 		}
 		if (size >> SOCKCALLS_FRAME_MAX_BITS)
-			return 0;
+			return ZW_CHAIN_BAD;
 		w->h_pos = pos + hl + size;
 		if (f & ZW_FLAG_MORE) {
 			w->h_idx = idx + 1;
@@ -1056,10 +1073,19 @@ static __always_inline int zw_chain_ok(struct zw_walk *w, u64 base, u64 p)
 			/* two messages; or one that ends exactly where the call ends
 			 * (paced traffic: a call per message) */
 			if (w->h_msgs >= ZW_HUNT_MESSAGES || w->h_pos == limit)
-				return 1;
+				return ZW_CHAIN_DONE;
 		}
 	}
-	return 0;
+	return ZW_CHAIN_BAD;
+}
+
+/* A chain that ran past the call's end becomes (or stays) the pending
+ * candidate: where it predicts the next header. */
+static __always_inline void zw_pend(struct zw_walk *w, u8 score)
+{
+	w->st.cand_seq = w->seq_start + (u32)w->h_pos;
+	w->st.cand_idx = w->h_idx;
+	w->st.cand_score = score;
 }
 
 /* The call offset where an unsynced call can be walked from, or w->total.
@@ -1091,12 +1117,40 @@ static __always_inline u64 zw_hunt_find(struct zw_scratch *s)
 			}
 		}
 	}
+	/* A candidate pending from earlier calls: is its predicted header here? */
+	u8 score = w->st.cand_score;
+	if (score) {
+		s32 d = (s32)(w->st.cand_seq - w->seq_start);
+		if (d < 0) {
+			w->st.cand_score = 0; /* calls in between were not seen */
+		} else if ((u64)d >= w->total) {
+			return w->total; /* a long frame: still ahead */
+		} else {
+			int r = zw_chain(w, w->iov[0].base, (u64)d, w->st.cand_idx);
+			if (r == ZW_CHAIN_BAD) {
+				w->st.cand_score = 0;
+			} else if (r == ZW_CHAIN_DONE || score + 1 >= ZW_HUNT_CONFIRM) {
+				w->st.frame_idx = w->st.cand_idx;
+				w->st.cand_score = 0;
+				return (u64)d;
+			} else {
+				zw_pend(w, score + 1);
+				return w->total;
+			}
+		}
+	}
 	for (int c = 0; c < ZW_HUNT_CANDIDATES; c++) {
 		if (c >= w->n_cand)
 			break;
 		u64 p = w->cand[c & (ZW_HUNT_CANDIDATES - 1)];
-		if (zw_chain_ok(w, w->iov[0].base, p))
+		int r = zw_chain(w, w->iov[0].base, p, 0);
+		if (r == ZW_CHAIN_DONE) {
+			w->st.frame_idx = 0;
+			w->st.cand_score = 0;
 			return p;
+		}
+		if (r == ZW_CHAIN_AHEAD && !w->st.cand_score)
+			zw_pend(w, 1);
 	}
 	return w->total;
 }
@@ -1110,7 +1164,6 @@ static __always_inline int zw_hunt(struct zw_scratch *s)
 	zw_copy_raw(s, 0, at < SOCKCALLS_PREFIX_BYTES ? at : SOCKCALLS_PREFIX_BYTES, SOCKCALL_BYTES_PREFIX);
 	if (at >= w->total)
 		return ZW_DONE;
-	w->st.frame_idx = 0;
 	zw_start_at(s, at, SOCKCALL_WALK_SELF);
 	zw_count(SOCKCALL_COUNTER_SELF_SYNCS, 1);
 	return ZW_GO;

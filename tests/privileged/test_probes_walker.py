@@ -44,12 +44,15 @@ IDENTITY = b"ps9"
 def make_messages(kind: str, count: int, seed: int) -> list[list[bytes]]:
     """ps-lite push requests: frames of PBMeta, keys (sorted uint64), vals, lens.
 
+    opaque: two frames of other bytes (ZMTP, but no ps-lite message);
     tiny: 1..4 keys, 1 float each (under 100 bytes: one fits in a raw prefix);
     small: 1..40 keys, 2 floats each, lens on every other message;
     large: 4000 keys, 4 floats each, lens (32 KB + 64 KB + 16 KB)."""
     from parsers.pslite.encode import MessageSpec
 
     rng = random.Random(seed)
+    if kind == "opaque":  # ZMTP, not ps-lite: frame 0 is no PBMeta (no 0x08 tag first)
+        return [[b"h" + rng.randbytes(40), rng.randbytes(100)] for _ in range(count)]
     nkeys, per = {"tiny": ((1, 4), 1), "small": ((1, 40), 2), "large": ((4000, 4000), 4)}[kind]
     out = []
     for i in range(count):

@@ -25,7 +25,6 @@ from test_probes_walker import (check_messages, directions, expected_timestamp, 
                                 router_and_dealer, start_probe)
 
 WARMUP = 50   # messages before the probe attaches
-PACED = 6     # large messages one by one until both ends are hinted
 
 
 def walk_starts(d) -> tuple[object, int]:
@@ -69,6 +68,11 @@ def followed(calls, sides):
 
 @pytest.mark.privileged
 def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
+    """A hint starts the walk exactly where it says. The traffic after the
+    join is first a ZMTP message that is no ps-lite message (so the walker
+    cannot sync by itself, and stays unsynced); its calls' end is where the
+    next message starts (the traffic is paced): the test hints there, and
+    the ps-lite messages that follow are walked from their first byte."""
     from probes.events import WalkStart
     from probes.sockcalls import Direction as Dir
     from probes.sockcalls import set_sync_hint
@@ -76,27 +80,17 @@ def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
     with joined(netns) as (router, dealer, sides):
         prog, cap = start_probe(netns)
         with prog:
-            got = WARMUP
+            dealer.ask("send opaque 1 100", prog)
+            router.ask(f"wait {WARMUP + 1}", prog)
+            cap.drain()
             hinted = {}  # (pid, is_send) -> stream offset of the hint
-            before = []
-            for k in range(PACED):
-                dealer.ask(f"send large 1 {100 + k}", prog)
-                before += make_messages("large", 1, 100 + k)
-                got += 1
-                router.ask(f"wait {got}", prog)
-                cap.drain()
-                for key, d in directions(cap.calls, mid_stream=True).items():
-                    side = (key[0], key[2])
-                    p = d.parser
-                    # synced, and the last message released ends where the stream stands
-                    if side in hinted or not (p.synced and d.messages and d.messages[-1].end_offset == p.offset):
-                        continue
-                    set_sync_hint(prog, d.event.sk, Dir.TX if key[2] else Dir.RX, d.seq_of(p.offset), 0)
-                    hinted[side] = p.offset
-                if len(hinted) == 2:
-                    break
-            assert set(hinted) == sides, hinted
-            after = []
+            for side, d in followed(cap.calls, sides):
+                assert not any(c.walked_ranges() for c in d.calls)
+                last = d.calls[-1].event
+                set_sync_hint(prog, last.sk, Dir.TX if side[1] else Dir.RX, last.seq_end, 0)
+                hinted[side] = d.offset_of_seq(last.seq_end)
+            assert set(hinted) == sides
+            after, got = [], WARMUP + 1
             for kind, n, seed in (("small", 300, 200), ("large", 3, 201), ("tiny", 5, 202)):
                 dealer.ask(f"send {kind} {n} {seed}", prog)
                 got += n
@@ -106,15 +100,48 @@ def test_walker_joins_mid_stream_through_a_sync_hint(netns):  # noqa: F811
 
     for side, d in followed(cap.calls, sides):
         assert walk_starts(d) == (WalkStart.HINT, hinted[side])
-        # the parser found sync in raw prefixes of large messages...
-        pre = [m.timestamp for m in d.messages if m.end_offset <= hinted[side]]
-        assert pre and pre == [expected_timestamp(f) for f in before][-len(pre):]
-        # ...and after the hint, every message, small and large, as the app sent it
         check_messages([m for m in d.messages if m.first_byte_offset >= hinted[side]], after)
         assert d.parser.stats().desyncs == 0
     print("\ncounters:", counters)
     assert counters["hints_applied"] == 2 and counters["hints_stale"] == 0 and counters["self_syncs"] == 0
     assert counters["desyncs"] == counters["walk_aborted"] == counters["not_zmtp"] == 0
+
+
+@pytest.mark.privileged
+def test_walker_syncs_by_itself_on_paced_large_messages(netns):  # noqa: F811
+    """Large messages, paced: no call holds a whole message, but a meta
+    header at a call's start predicts where its frames' headers are in later
+    calls; after the walker found ZW_HUNT_CONFIRM of them it walks from the
+    next one (a hint from inside the kernel, which cannot go stale)."""
+    from probes.events import WalkStart
+
+    with joined(netns) as (router, dealer, sides):
+        prog, cap = start_probe(netns)
+        with prog:
+            got = WARMUP
+            for k in range(4):
+                dealer.ask(f"send large 1 {100 + k}", prog)
+                got += 1
+                router.ask(f"wait {got}", prog)
+            dealer.ask("send small 100 101", prog)
+            router.ask(f"wait {got + 100}", prog)
+            counters = drained(prog, cap)
+    sent = [make_messages("large", 1, 100 + k)[0] for k in range(4)] + make_messages("small", 100, 101)
+    stamps = [expected_timestamp(f) for f in sent]
+    seen = set()
+    for side, d in followed(cap.calls, sides):
+        seen.add(side)
+        why, start = walk_starts(d)
+        assert why == WalkStart.SELF
+        after = [m for m in d.messages if m.first_byte_offset >= start]
+        i = stamps.index(after[0].timestamp)
+        print(f"\nside {side}: walked from message {i} (a frame of it, or its start)")
+        assert i <= 1  # from inside the first large message, or the second
+        check_messages(after, sent[i:])
+    assert seen == sides
+    print("counters:", counters)
+    assert counters["self_syncs"] == 2 and counters["hints_applied"] == 0
+    assert counters["desyncs"] == counters["walk_aborted"] == 0
 
 
 @pytest.mark.privileged
