@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import selectors
 import socket
 import subprocess

@@ -59,6 +59,26 @@ def drained(prog, cap) -> dict:
     return prog.counters()["sockcalls"]
 
 
+def check_self_synced(calls, sides, sent, max_first: int) -> None:
+    """Both sides walked from a self-sync, and from there on every message is
+    the app's: the first is sent[i], i <= max_first."""
+    from probes.events import WalkStart
+
+    stamps = [expected_timestamp(f) for f in sent]
+    seen = set()
+    for side, d in followed(calls, sides):
+        seen.add(side)
+        why, start = walk_starts(d)
+        assert why == WalkStart.SELF
+        after = [m for m in d.messages if m.first_byte_offset >= start]
+        i = stamps.index(after[0].timestamp)
+        print(f"\nside {side}: walked from message {i} of {len(sent)} (a frame of it, or its start)")
+        assert i <= max_first
+        check_messages(after, sent[i:])
+        assert d.parser.stats().desyncs == 0
+    assert seen == sides
+
+
 def followed(calls, sides):
     """(side, Direction) of each side to check, rebuilt from mid-stream."""
     for key, d in directions(calls, mid_stream=True).items():
@@ -113,8 +133,6 @@ def test_walker_syncs_by_itself_on_paced_large_messages(netns):  # noqa: F811
     header at a call's start predicts where its frames' headers are in later
     calls; after the walker found ZW_HUNT_CONFIRM of them it walks from the
     next one (a hint from inside the kernel, which cannot go stale)."""
-    from probes.events import WalkStart
-
     with joined(netns) as (router, dealer, sides):
         prog, cap = start_probe(netns)
         with prog:
@@ -127,18 +145,7 @@ def test_walker_syncs_by_itself_on_paced_large_messages(netns):  # noqa: F811
             router.ask(f"wait {got + 100}", prog)
             counters = drained(prog, cap)
     sent = [make_messages("large", 1, 100 + k)[0] for k in range(4)] + make_messages("small", 100, 101)
-    stamps = [expected_timestamp(f) for f in sent]
-    seen = set()
-    for side, d in followed(cap.calls, sides):
-        seen.add(side)
-        why, start = walk_starts(d)
-        assert why == WalkStart.SELF
-        after = [m for m in d.messages if m.first_byte_offset >= start]
-        i = stamps.index(after[0].timestamp)
-        print(f"\nside {side}: walked from message {i} (a frame of it, or its start)")
-        assert i <= 1  # from inside the first large message, or the second
-        check_messages(after, sent[i:])
-    assert seen == sides
+    check_self_synced(cap.calls, sides, sent, max_first=1)  # inside the first large message, or the second
     print("counters:", counters)
     assert counters["self_syncs"] == 2 and counters["hints_applied"] == 0
     assert counters["desyncs"] == counters["walk_aborted"] == 0
@@ -149,8 +156,6 @@ def test_walker_syncs_by_itself_on_paced_calls(netns):  # noqa: F811
     """Paced small messages (up to 850 bytes: longer than a raw prefix, so the
     parser could not find sync on its own): one call per message, and the
     walker syncs at the first one, on both ends."""
-    from probes.events import WalkStart
-
     with joined(netns) as (router, dealer, sides):
         prog, cap = start_probe(netns)
         with prog:
@@ -160,14 +165,9 @@ def test_walker_syncs_by_itself_on_paced_calls(netns):  # noqa: F811
                 got += 1
                 router.ask(f"wait {got}", prog)
             counters = drained(prog, cap)
-    sent = [make_messages("small", 1, 400 + k)[0] for k in range(20)]
-    seen = set()
-    for side, d in followed(cap.calls, sides):
-        seen.add(side)
-        why, start = walk_starts(d)
-        assert why == WalkStart.SELF and start == d.offset_of_seq(d.calls[0].event.seq_start)
-        check_messages(d.messages, sent)
-    assert seen == sides
+    check_self_synced(cap.calls, sides, [make_messages("small", 1, 400 + k)[0] for k in range(20)], max_first=0)
+    for _side, d in followed(cap.calls, sides):  # at the first call
+        assert walk_starts(d)[1] == d.offset_of_seq(d.calls[0].event.seq_start)
     print("\ncounters:", counters)
     assert counters["self_syncs"] == 2 and counters["desyncs"] == counters["walk_aborted"] == 0
 
@@ -178,28 +178,13 @@ def test_walker_syncs_by_itself_in_a_busy_stream(netns):  # noqa: F811
     sync by itself (a meta header starting a chain of two messages inside
     one call), without a hint: the parser then gets walked records, and every
     message from there on is rebuilt."""
-    from probes.events import WalkStart
-
     with joined(netns) as (router, dealer, expect_sides):
         prog, cap = start_probe(netns)
         with prog:
             dealer.ask("send small 1000 300", prog)
             router.ask(f"wait {WARMUP + 1000}", prog)
             counters = drained(prog, cap)
-    sent = make_messages("small", 1000, 300)
-    stamps = [expected_timestamp(f) for f in sent]
-    sides = set()
-    for side, d in followed(cap.calls, expect_sides):
-        sides.add(side)
-        why, start = walk_starts(d)
-        assert why == WalkStart.SELF
-        after = [m for m in d.messages if m.first_byte_offset >= start]
-        i = stamps.index(after[0].timestamp)
-        print(f"\nside {side[0]} {'tx' if side[1] else 'rx'}: synced at message {i} of {len(sent)}")
-        assert i < 100
-        check_messages(after, sent[i:])
-        assert d.parser.stats().desyncs == 0
-    assert sides == expect_sides
+    check_self_synced(cap.calls, expect_sides, make_messages("small", 1000, 300), max_first=100)
     print("counters:", counters)
     assert counters["self_syncs"] == 2 and counters["hints_applied"] == 0
     assert counters["desyncs"] == counters["walk_aborted"] == 0
