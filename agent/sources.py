@@ -51,6 +51,7 @@ RESCAN_INTERVAL_S = 1.0
 SOCKCALLS_RING_PAGES = 4096
 FRAMEWORK_RING_PAGES = 4096
 NETSTACK_RING_PAGES = 4096   # its 1 MiB default lost events under psbench 2x4 closed loop
+DRAIN_BUDGET_S = 0.25        # longest one drain() runs before the loop looks at signals and counters
 
 
 def agent_version() -> str:
@@ -249,18 +250,21 @@ def _framework_tap_class():
     tgid_at = FwEvent.tgid.offset
 
     class FrameworkTap(FrameworkProbe):
-        def __init__(self, targets, sink: Sink, keep: Callable[[int], bool], **kw):
+        def __init__(self, targets, sink: Sink, keep: Callable[[int], bool],
+                     budget_left: Callable[[], int], **kw):
             super().__init__(targets, **kw)
             self._sink = sink
             self._keep = keep
+            self._budget_left = budget_left
             self.dropped_other_process = 0
 
-        def _on_event(self, ctx, data, size) -> None:
+        def _on_event(self, ctx, data, size) -> int:
             raw = ctypes.string_at(data, size)
             if len(raw) >= tgid_at + 4 and not self._keep(int.from_bytes(raw[tgid_at:tgid_at + 4], "little")):
                 self.dropped_other_process += 1
-                return
-            self._sink("framework", raw)
+            else:
+                self._sink("framework", raw)
+            return self._budget_left()
 
         def add_target(self, t) -> str | None:
             """Attach one more library; returns why not, or None."""
@@ -292,6 +296,8 @@ class LiveSource:
         self.program = None
         self.framework = None
         self.selector = ProcessSelector(self.sel)
+        self._drain_deadline = float("inf")   # no budget outside drain()
+        self._drain_cut = False
         self._probed: set[tuple] = set()      # (library, layer, pid or None)
         self._known_tgids: set[int] = set()
         self._next_scan = 0.0
@@ -344,7 +350,7 @@ class LiveSource:
 
                 def callback(_ctx, data, size, name=name):
                     self.sink(name, ctypes.string_at(data, size))
-                    return 0
+                    return self._budget_left()
 
                 self.program.bpf[probe.ring.encode()].open_ring_buffer(callback)
             for lib in self.sel.libs:
@@ -421,7 +427,7 @@ class LiveSource:
         if self.framework is None:
             t0 = time.perf_counter()
             self.framework = _framework_tap_class()([target], self.sink, self.selector.selected,
-                                                    ringbuf_pages=FRAMEWORK_RING_PAGES)
+                                                    self._budget_left, ringbuf_pages=FRAMEWORK_RING_PAGES)
             self.framework.start()
             self.framework_compile_s = time.perf_counter() - t0
             return
@@ -452,10 +458,24 @@ class LiveSource:
             if self.hint_errors == 1:
                 self.warn(f"could not set a sync hint ({e}); counted in meta.json")
 
-    def drain(self) -> None:
+    def drain(self, budget_s: float = DRAIN_BUDGET_S) -> bool:
+        """Consumes what the rings hold, for at most about budget_s; True when
+        they were emptied. A consumer slower than the job would otherwise never
+        return (libbpf keeps consuming while records arrive), and signals,
+        counters and live views would wait for the job to end."""
+        self._drain_deadline = time.monotonic() + budget_s
+        self._drain_cut = False
         self.program.consume()
         if self.framework is not None:
             self.framework.drain()
+        return not self._drain_cut
+
+    def _budget_left(self) -> int:
+        """0: go on; -1 stops libbpf's consume loop after this record (it is consumed)."""
+        if time.monotonic() < self._drain_deadline:
+            return 0
+        self._drain_cut = True
+        return -1
 
     def counters(self) -> dict[str, dict[str, int]]:
         out = self.program.counters() if self.program else {}
