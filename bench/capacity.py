@@ -190,22 +190,32 @@ def rss_run(cluster, tmp: Path, rate: float, duration_s: float, interval_s: floa
         t.kill()
     job = job_figures(j.truth(), 1.0, open_loop=True)
     c = agent_counters(tmp / "agent")
+    first_loss_ns = t.first_line_ns("events lost")   # the agent says so within a second of a loss
     return rss_summary(samples, warmup_s, duration_s, flat_mb) | {
         "rate_per_worker": rate, "messages_per_s": 2 * job["slices_per_s"], "job_messages": job["messages_all"],
-        "lost": c["lost"], "cpu_s": cpu1 - cpu0,
+        "lost": c["lost"], "lost_by_probe": {p: v["lost"] for p, v in c["probes"].items()},
+        "first_loss_s": None if first_loss_ns is None else round((first_loss_ns / 1e9) - t0, 1),
+        "cpu_s": cpu1 - cpu0,
         "cpu_s_per_100k_messages": ratio((cpu1 - cpu0) * 1e5, job["messages_all"])}
 
 
 def rss_summary(samples: list[tuple[float, float]], warmup_s: float, duration_s: float, flat_mb: float = 16.0) -> dict:
-    """RSS samples (seconds since start, MB) -> start/end/max, the slope after the
-    warm-up, and whether the fitted growth over the run stays under flat_mb."""
+    """RSS samples (seconds since start, MB) -> start/half/end/max, the slope after the
+    warm-up and over the second half. Flat: the second half's slope, kept up for the
+    whole run, would add less than flat_mb (memory that fills up to a bound early and
+    then stays is flat; memory that keeps growing is not)."""
     fit = [(t, r) for t, r in samples if t >= warmup_s] or samples
+    late = [(t, r) for t, r in samples if t >= duration_s / 2] or fit
     slope = slope_per_s([t for t, _ in fit], [r for _, r in fit])
+    slope_late = slope_per_s([t for t, _ in late], [r for _, r in late])
     rss = [r for _, r in samples]
-    growth = None if slope is None else slope * duration_s
-    return {"samples": len(samples), "rss_start_mb": rss[0] if rss else None, "rss_end_mb": rss[-1] if rss else None,
-            "rss_max_mb": max(rss) if rss else None,
-            "slope_mb_per_min": None if slope is None else slope * 60, "fitted_growth_mb": growth,
+    growth = None if slope_late is None else slope_late * duration_s
+    half = next((r for t, r in samples if t >= duration_s / 2), None)
+    return {"samples": len(samples), "rss_start_mb": rss[0] if rss else None, "rss_half_mb": half,
+            "rss_end_mb": rss[-1] if rss else None, "rss_max_mb": max(rss) if rss else None,
+            "slope_mb_per_min": None if slope is None else slope * 60,
+            "slope_second_half_mb_per_min": None if slope_late is None else slope_late * 60,
+            "extrapolated_growth_mb": growth,
             "flat": None if growth is None else abs(growth) < flat_mb, "flat_threshold_mb": flat_mb,
             "under_budget": None if not rss else max(rss) < RSS_BUDGET_MB, "budget_mb": RSS_BUDGET_MB,
             "series": [[round(t, 1), round(r, 1)] for t, r in samples]}
@@ -332,10 +342,14 @@ def main(argv=None) -> int:
         f"cores), agent BPF {_f(bm and bm['per_message'], '{:,.0f}')} ns/message; floor BPF "
         f"{_f(fm and fm['per_message'], '{:,.0f}')} ns/message")
     if rss and not rss.get("error"):
-        log(f"memory run: RSS {_f(rss['rss_start_mb'])} -> {_f(rss['rss_end_mb'])} MB (max {_f(rss['rss_max_mb'])}, "
-            f"budget {RSS_BUDGET_MB:g}), slope {_f(rss['slope_mb_per_min'], '{:+.2f}')} MB/min: "
-            f"{'flat' if rss['flat'] else 'GROWING'}; {_f(rss['cpu_s_per_100k_messages'], '{:.1f}')} CPU s per 100k "
-            f"messages at {_f(rss['messages_per_s'])} messages/s; {_f(rss['lost'])} events lost")
+        log(f"memory run: RSS {_f(rss['rss_start_mb'])} -> {_f(rss['rss_half_mb'])} (half-way) -> "
+            f"{_f(rss['rss_end_mb'])} MB (max {_f(rss['rss_max_mb'])}, budget {RSS_BUDGET_MB:g}: "
+            f"{'under' if rss['under_budget'] else 'OVER'}); slope {_f(rss['slope_mb_per_min'], '{:+.2f}')} MB/min "
+            f"after the warm-up, {_f(rss['slope_second_half_mb_per_min'], '{:+.2f}')} MB/min in the second half: "
+            f"{'flat' if rss['flat'] else 'GROWING'}")
+        log(f"  {_f(rss['cpu_s_per_100k_messages'], '{:.1f}')} CPU s per 100k messages at {_f(rss['messages_per_s'])} "
+            f"messages/s; {_f(rss['lost'])} events lost {rss['lost_by_probe']}"
+            + (f", the first {rss['first_loss_s']:g} s into the run" if rss.get("first_loss_s") is not None else ""))
     elif rss:
         log(f"memory run FAILED: {rss['error'][:300]}")
     h["config"] = {"rates": list(a.rates), "step_s": a.step_s, "rss_duration_s": a.rss_duration_s,

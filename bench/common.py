@@ -276,6 +276,7 @@ class Tracer:
         self.argv = argv
         self.proc: subprocess.Popen | None = None
         self.stderr: list[str] = []
+        self.stderr_ns: list[int] = []     # when each stderr line was read (CLOCK_MONOTONIC)
         self.stdout = ""
         self._readers: list[threading.Thread] = []
         self.ready_ns: int | None = None
@@ -307,7 +308,13 @@ class Tracer:
 
     def _drain_err(self) -> None:
         for line in self.proc.stderr:
+            self.stderr_ns.append(time.monotonic_ns())
             self.stderr.append(line)
+
+    def first_line_ns(self, text: str) -> int | None:
+        """When the first stderr line (after ready) containing text was read."""
+        lines = self.stderr[len(self.stderr) - len(self.stderr_ns):]
+        return next((t for t, line in zip(self.stderr_ns, lines) if text in line), None)
 
     def _drain_out(self) -> None:
         self.stdout = self.proc.stdout.read()

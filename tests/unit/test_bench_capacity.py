@@ -39,6 +39,11 @@ def test_flat_memory_and_growing_memory():
     g = rss_summary(growing, warmup_s=30, duration_s=600, flat_mb=16)
     assert g["flat"] is False and g["slope_mb_per_min"] == pytest.approx(2.0)
     assert rss_summary([(0, 500.0), (5, 500.0), (10, 500.0)], 0, 10)["under_budget"] is False
+    # filling up to a bound for the first three minutes, then staying: flat (bounded), though
+    # a line through the whole run slopes upwards
+    bounded = [(t, 330.0 + min(t, 180) * 1.5) for t in range(0, 601, 5)]
+    b = rss_summary(bounded, warmup_s=30, duration_s=600, flat_mb=16)
+    assert b["flat"] is True and b["slope_mb_per_min"] > 10 and b["rss_half_mb"] == pytest.approx(600.0)
 
 
 def _step(rate, msgs_per_s, lost, cpu_cores_idle=0.05, cpu_per_msg=5e-4, wall_s=10.0, **kw):
