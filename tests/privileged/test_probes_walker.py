@@ -533,10 +533,14 @@ def test_walker_cost_per_call(netns, stats_on):
         prog, cap = start_probe(netns)
         with prog:
             dealer.ask("connect", prog)
-            before = prog_stats(prog)["sc_exit"]
-            time.sleep(1.0)  # idle: what sc_exit costs for other processes' calls
-            after = prog_stats(prog)["sc_exit"]
-            miss_ns = (after[1] - before[1]) / max(after[0] - before[0], 1)
+            idle = []  # what sc_exit costs for other processes' calls: median of short windows
+            for _ in range(5):
+                before = prog_stats(prog)["sc_exit"]
+                time.sleep(0.2)
+                after = prog_stats(prog)["sc_exit"]
+                if after[0] > before[0]:
+                    idle.append((after[1] - before[1]) / (after[0] - before[0]))
+            miss_ns = sorted(idle)[len(idle) // 2] if idle else 0.0
             got = 0
             samples = defaultdict(list)
             for rnd in range(3):
@@ -555,20 +559,21 @@ def test_walker_cost_per_call(netns, stats_on):
                     cap.drain()
                     new = cap.calls[calls0:]
                     runs, ns = after[0] - before[0], after[1] - before[1]
-                    ns -= (runs - len(new)) * miss_ns
-                    samples[name].append((len(new), runs, ns / max(len(new), 1),
-                                          sum(c.walkable_bytes for c in new) / max(len(new), 1)))
-            rows = {name: sorted(s, key=lambda r: r[2])[1] for name, s in samples.items()}  # median by ns/call
+                    k = max(len(new), 1)
+                    samples[name].append((len(new), runs, ns / k, (ns - (runs - len(new)) * miss_ns) / k,
+                                          sum(c.walkable_bytes for c in new) / k))
+            rows = {name: sorted(s, key=lambda r: r[3])[1] for name, s in samples.items()}  # median round
             counters = prog.counters()["sockcalls"]
     finally:
         for p in peers:
             p.stop()
-    print(f"\nBPF ns per traced call, median of 3 rounds (sc_exit + its tail calls; "
-          f"{miss_ns:.0f} ns per untraced exit taken out):")
-    print(f"{'calls':<20} {'traced':>6} {'sc_exit runs':>12} {'ns/call':>9} {'bytes/call':>11}")
-    for name, (n, runs, ns, b) in rows.items():
-        print(f"{name:<20} {n:>6} {runs:>12} {ns:>9.0f} {b:>11.0f}")
+    print("\nBPF ns per traced call, median of 3 rounds (sc_exit and its tail calls). 'all' counts every")
+    print(f"sc_exit run against the traced calls (an upper bound); 'net' takes out {miss_ns:.0f} ns per")
+    print("untraced exit (measured idle; noisy on a loaded machine, most where untraced exits dominate)")
+    print(f"{'calls':<20} {'traced':>6} {'sc_exit runs':>12} {'ns/call all':>12} {'net':>7} {'bytes/call':>11}")
+    for name, (n, runs, ns_all, ns_net, b) in rows.items():
+        print(f"{name:<20} {n:>6} {runs:>12} {ns_all:>12.0f} {ns_net:>7.0f} {b:>11.0f}")
     print("counters:", counters)
     assert counters["walk_aborted"] == 0 and counters["desyncs"] == 0
-    # loose bounds: a pathological regression (a walk gone quadratic) fails
+    # loose bounds on the upper bound: a pathological regression (a walk gone quadratic) fails
     assert rows["small, walked"][2] < 200_000 and rows["large, walked"][2] < 200_000

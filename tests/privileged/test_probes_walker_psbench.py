@@ -2,7 +2,8 @@
 
 A psbench job (2 servers, 4 workers, on loopback) with large request slices
 (2000 keys x 16 floats over 2 servers: about 76 KB each, more than one call)
-runs for a while before the probe attaches: every connection is joined
+runs for a while before the probe attaches (and is stopped a few seconds
+after it is ready, whatever its compile took): every connection is joined
 mid-stream and must be synced by the walker itself (no hints are given). Of
 the requests the workers issued after the probe was ready, at least 99% must
 be rebuilt from the walker's records on the worker's send side and on the
@@ -17,7 +18,8 @@ import pytest
 from test_probes_walker import Capture, directions
 
 JOIN_AFTER_S = 1.5
-DURATION_S = 9.0
+TRACE_S = 4.0       # traced after the probe is ready; then the job is stopped
+DURATION_S = 120.0  # longer than any compile: the job never ends by itself first
 
 
 @pytest.mark.privileged
@@ -36,17 +38,19 @@ def test_walker_joins_a_running_psbench_job(tmp_path):
             install_walker(prog)
             cap = Capture(prog)
             ready_ns = time.monotonic_ns()
-            deadline = time.monotonic() + DURATION_S + 60
-            # drain the ring while the job runs (job.wait would only sleep)
-            while any(p.popen.poll() is None for p in job.procs) and time.monotonic() < deadline:
+            until = time.monotonic() + TRACE_S
+            while time.monotonic() < until:
+                assert all(p.popen.poll() is None for p in job.procs), "a psbench process ended early"
                 prog.poll(50)
-            job.wait()  # every process ended well (raises with the logs otherwise)
+            stopped_ns = time.monotonic_ns()
+            job.stop()  # SIGTERM: the processes flush their ground truth
             cap.drain()
             counters = prog.counters()["sockcalls"]
     truth = job.truth()
     workers = {n["pid"] for n in nodes.values() if n["role"] == "worker"}
     servers = {n["pid"] for n in nodes.values() if n["role"] == "server"}
-    sent = truth[(truth.role == "worker") & (truth.t_issued_ns > ready_ns)]
+    # issued after the probe was ready, answered before the job was stopped
+    sent = truth[(truth.role == "worker") & (truth.t_issued_ns > ready_ns) & (truth.t_completed_ns < stopped_ns)]
     want = {(r.app_id, r.customer_id, r.timestamp, r.op, r.num_keys) for r in sent.itertuples()}
     assert len(want) > 100
     for pids, is_send in ((workers, True), (servers, False)):
