@@ -19,6 +19,8 @@ def demo(
     workers: int = typer.Option(4, min=1, help="workers (one host each)"),
     wire_delay_ms: float = typer.Option(0.0, help="one-way wire delay, each direction"),
     server_delay_ms: float = typer.Option(0.0, help="server processing delay per request"),
+    rate: float = typer.Option(200.0, help="requests/s per worker (open loop); 0 = closed loop, "
+                               "which today outruns the agent's consumer (it then reports lost events)"),
     duration: float = typer.Option(20.0, "--duration", help="seconds of traffic"),
     out: Path = typer.Option(None, "--out", help="output dir [default: ./pslat-demo-<time>]"),
 ) -> None:
@@ -41,6 +43,8 @@ def demo(
     require_root("pslat demo")
     if wire_delay_ms < 0 or server_delay_ms < 0:
         raise UserError("delays must be >= 0 ms")
+    if rate < 0:
+        raise UserError("--rate must be >= 0 requests/s (0 = closed loop)")
     if duration <= 0:
         raise UserError("--duration must be > 0 seconds")
     out = out or Path(f"pslat-demo-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -52,9 +56,12 @@ def demo(
     with Cluster(names, wire_delay_ms=wire_delay_ms, log_dir=out / "wire") as cluster:
         console.print("[bold]agent[/]: one for all hosts, compiling and attaching its probes")
         with AgentProcess(out / "agent", agent_args) as agent:
-            console.print(f"[bold]psbench[/]: {servers} servers x {workers} workers for {duration:g} s")
+            load = f"{rate:g} requests/s per worker" if rate else "closed loop"
+            console.print(f"[bold]psbench[/]: {servers} servers x {workers} workers, {load}, "
+                          f"for {duration:g} s")
             with launch_in_cluster(cluster, out / "psbench", servers=servers, workers=workers,
-                                   duration_s=duration, server_delay_ms=server_delay_ms) as job:
+                                   duration_s=duration, server_delay_ms=server_delay_ms,
+                                   rate=rate) as job:
                 job.wait()
             if agent.stop() != 0:
                 raise UserError(f"the agent failed: {agent.log_tail()}")

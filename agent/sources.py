@@ -463,11 +463,13 @@ class LiveSource:
         they were emptied. A consumer slower than the job would otherwise never
         return (libbpf keeps consuming while records arrive), and signals,
         counters and live views would wait for the job to end."""
-        self._drain_deadline = time.monotonic() + budget_s
         self._drain_cut = False
-        self.program.consume()
-        if self.framework is not None:
-            self.framework.drain()
+        # each source gets its own share, or a busy one would starve the other
+        sources = [self.program.consume] + ([self.framework.drain] if self.framework is not None else [])
+        for consume in sources:
+            self._drain_deadline = time.monotonic() + budget_s / len(sources)
+            consume()
+        self._drain_deadline = float("inf")
         return not self._drain_cut
 
     def _budget_left(self) -> int:
