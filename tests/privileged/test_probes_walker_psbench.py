@@ -34,7 +34,9 @@ def test_walker_joins_a_running_psbench_job(tmp_path):
     with job:
         nodes = job.wait_ready()
         time.sleep(JOIN_AFTER_S)  # the job's traffic is under way: joined mid-stream
-        with ProbeProgram.start([SOCKCALLS], Filters.build(pids=[n["pid"] for n in nodes.values()])) as prog:
+        # 16 MiB ring, as the agent's: this test's consumer is Python, on a shared machine
+        with ProbeProgram.start([SOCKCALLS], Filters.build(pids=[n["pid"] for n in nodes.values()]),
+                                overrides={"SOCKCALLS_RING_PAGES": 4096}) as prog:
             install_walker(prog)
             cap = Capture(prog)
             ready_ns = time.monotonic_ns()
