@@ -264,7 +264,8 @@ def headline(steps: list[dict], floor: list[dict], rss: dict | None) -> dict:
            (best or {}).get("cpu_s_per_100k_messages"),
            "cpu_s_per_100k_messages_by_step": {str(s["rate_per_worker"]): s["cpu_s_per_100k_messages"] for s in ok},
            "bpf_ns_per_message_by_step": {str(s["rate_per_worker"]): s.get("bpf_ns_per_message") for s in ok},
-           "cpu_marginal": marginal(ok, "cpu_s"), "bpf_marginal": marginal(ok, "bpf_ns"),
+           # steps that lost events did less work per message: not in the fit
+           "cpu_marginal": marginal(clean, "cpu_s"), "bpf_marginal": marginal(clean, "bpf_ns"),
            "rss_max_mb_steps": max((s["rss_mb"] for s in ok if s.get("rss_mb")), default=None)}
     fl = [s for s in floor if not s.get("error")]
     out["floor"] = {"bpf_marginal": marginal(fl, "bpf_ns"),
@@ -337,7 +338,7 @@ def main(argv=None) -> int:
         f"(step {h['max_rate_no_loss_step']}); lowest with losses: {_f(h['lowest_rate_with_loss_msgs_per_s'])} messages/s; "
         f"closed loop: {_f(h['closed_loop_msgs_per_s'])} messages/s, {_f(h['closed_loop_lost'])} events lost")
     cm, bm, fm = h["cpu_marginal"], h["bpf_marginal"], h["floor"]["bpf_marginal"]
-    log(f"cost per message beyond idle (fit over the steps): agent user space "
+    log(f"cost per message beyond idle (fit over the steps without loss): agent user space "
         f"{_f(cm and cm['per_100k_messages'], '{:.1f}')} CPU s/100k messages (idle {_f(cm and cm['idle_per_s'], '{:.2f}')} "
         f"cores), agent BPF {_f(bm and bm['per_message'], '{:,.0f}')} ns/message; floor BPF "
         f"{_f(fm and fm['per_message'], '{:,.0f}')} ns/message")

@@ -72,6 +72,10 @@ def test_headline_is_the_fastest_step_without_loss():
     assert h["lowest_rate_with_loss_msgs_per_s"] == 1600
     assert (h["closed_loop_lost"], h["closed_loop_msgs_per_s"]) == (900, 3400)
     assert h["floor"]["closed_loop_msgs_per_s"] == 4000
-    assert h["cpu_marginal"]["per_100k_messages"] == pytest.approx(50.0)
+    assert h["cpu_marginal"] is None     # two steps without loss: too few for a line
+    steps.insert(0, _step(5, 80, 0))
+    steps.append(_step(400, 6400, 5000, cpu_per_msg=1e-4))   # lost events: did less work, left out
+    h = headline(steps, floor, None)
+    assert h["cpu_marginal"]["per_100k_messages"] == pytest.approx(50.0) and h["cpu_marginal"]["steps"] == 3
     d = json.loads(json_line(h))
     assert {"max_rate_no_loss_msgs_per_s", "cpu_s_per_100k_messages", "rss", "floor"} <= set(d)
