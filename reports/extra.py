@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from agent.rundir import META_FILE, SHARD_SUFFIX
-from reports.load import expand
+from reports.load import expand, nullable
 
 
 @dataclass
@@ -127,18 +127,10 @@ class RunContext:
 
     def table(self, table: str, columns: list[str]) -> pd.DataFrame:
         """The same as a DataFrame (nullable integers keep int64 ns exact)."""
-        return self.arrow(table, columns).to_pandas(types_mapper=_nullable)
+        return self.arrow(table, columns).to_pandas(types_mapper=nullable)
 
     def has_table(self, table: str) -> bool:
         return any(any(p.glob(f"{table}-*{SHARD_SUFFIX}")) for p in self.dirs.values())
-
-
-def _nullable(t: pa.DataType):
-    if pa.types.is_integer(t):
-        return pd.Int64Dtype()
-    if pa.types.is_boolean(t):
-        return pd.BooleanDtype()
-    return None
 
 
 def _host_from_rows(p: Path) -> str | None:

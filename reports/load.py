@@ -59,7 +59,7 @@ class Loaded:
     problems: list[str]                       # what was wrong, naming the file, and what was done
 
 
-def _nullable(t: pa.DataType):
+def nullable(t: pa.DataType):
     """Arrow -> pandas types that keep int64 nanoseconds exact when a value is null."""
     if pa.types.is_integer(t):
         return pd.Int64Dtype()
@@ -75,7 +75,7 @@ def _wanted_schema() -> pa.Schema:
 
 
 def to_frame(tbl: pa.Table) -> pd.DataFrame:
-    df = tbl.to_pandas(types_mapper=_nullable, self_destruct=True, split_blocks=True)
+    df = tbl.to_pandas(types_mapper=nullable, self_destruct=True, split_blocks=True)
     pa.default_memory_pool().release_unused()
     return df
 
