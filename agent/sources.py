@@ -164,6 +164,7 @@ class Selection:
     netns_inos: tuple[int, ...] = ()
     ports: tuple[int, ...] = ()
     libs: tuple[Path, ...] = ()        # framework libraries to probe in every process
+    shed_units: int = 0                # host pairs shed from the start (probes.filters.shed_units_of)
 
     @property
     def dynamic(self) -> bool:
@@ -312,7 +313,7 @@ class LiveSource:
         from probes.program import generate
 
         flt = Filters(tgids=self.sel.pids, comms=self.sel.comms, ports=self.sel.ports,
-                      netns_inos=self.sel.netns_inos)
+                      netns_inos=self.sel.netns_inos, shed_units=self.sel.shed_units)
         use = self.netstack if netstack is None else netstack
         probes = kernel_probes(use)
         overrides = dict(self.overrides)
