@@ -125,6 +125,127 @@ static __always_inline int sock_selected(u64 sk)
 	return 1;
 }
 
+/* ---- host-pair sampling (load shedding; DESIGN.md "Sampling") ------------
+ *
+ * When the agent cannot keep up it keeps whole host pairs: a hash of the
+ * UNORDERED pair of addresses, so a request and its response (different
+ * connections, ps-lite answers on its own one) and both ends of the pair
+ * decide alike. pslat_sampling[0] is the share shed, in 1/65536: a pair whose
+ * 16-bit hash is below it is dropped. 0, the value a fresh map holds, keeps
+ * everything; the agent writes the map at run time (probes/filters.py has the
+ * Python mirror of the hash and the units). A lower rate sheds a superset of
+ * what a higher one shed, so a rate change never swaps one pair for another.
+ *
+ * Addresses enter as IPv6 (IPv4 as v4-mapped ::ffff:a.b.c.d, so a dual-stack
+ * socket and an IPv4 one of the same pair agree), two big-endian u64 words
+ * each, the smaller address first; PSLAT_PAIR_SEED comes from probes/filters.py.
+ */
+BPF_ARRAY(pslat_sampling, u32, 1);
+/* what was shed, per kind (PSLAT_SHED_*), so losses on purpose are counted */
+#define PSLAT_SHED_CALLS 0     /* send/recv calls of unsampled pairs not traced */
+#define PSLAT_SHED_NETSTACK 1  /* netstack events of unsampled pairs not emitted */
+#define PSLAT_SHED_NR 2
+BPF_PERCPU_ARRAY(pslat_shed_counters, u64, PSLAT_SHED_NR);
+
+static __always_inline void pslat_count_shed(int slot)
+{
+	u64 *v = pslat_shed_counters.lookup(&slot);
+	if (v)
+		*v += 1;
+}
+
+/* murmur3's 64-bit finaliser: every input bit moves every output bit */
+static __always_inline u64 pslat_mix64(u64 x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return x;
+}
+
+static __always_inline u32 pslat_pair_hash16(u64 ahi, u64 alo, u64 bhi, u64 blo)
+{
+	if (ahi > bhi || (ahi == bhi && alo > blo)) {
+		u64 t = ahi;
+		ahi = bhi;
+		bhi = t;
+		t = alo;
+		alo = blo;
+		blo = t;
+	}
+	u64 h = PSLAT_PAIR_SEED;
+	h = pslat_mix64(h ^ ahi);
+	h = pslat_mix64(h ^ alo);
+	h = pslat_mix64(h ^ bhi);
+	h = pslat_mix64(h ^ blo);
+	return (u32)(h >> 48);
+}
+
+/* An address as FILL_TUPLE stores it (IPv4 in the first 4 bytes) -> words. */
+static __always_inline void pslat_addr_words(u16 family, const u8 *a, u64 *hi, u64 *lo)
+{
+	/* memcpy: `a` may be unaligned, and the verifier refuses unaligned stack reads */
+	if (family == AF_INET6_) {
+		u64 w[2];
+		__builtin_memcpy(w, a, 16);
+		*hi = __builtin_bswap64(w[0]);
+		*lo = __builtin_bswap64(w[1]);
+	} else {
+		u32 v4;
+		__builtin_memcpy(&v4, a, 4);
+		*hi = 0;
+		*lo = 0x0000ffff00000000ULL | bpf_ntohl(v4);
+	}
+}
+
+static __always_inline u32 pslat_addrs_hash16(u16 family, const u8 *saddr, const u8 *daddr)
+{
+	u64 ahi, alo, bhi, blo;
+	pslat_addr_words(family, saddr, &ahi, &alo);
+	pslat_addr_words(family, daddr, &bhi, &blo);
+	return pslat_pair_hash16(ahi, alo, bhi, blo);
+}
+
+/* The pair hash of a socket, read from the kernel (callers that see a socket
+ * once; sockcalls caches it per connection). */
+static __always_inline u32 pslat_sock_hash16(u64 sk)
+{
+	u8 s[16] = {}, d[16] = {};
+	u16 family = kread_u16(sk + OFF_SKC_FAMILY);
+	if (family == AF_INET6_) {
+		bpf_probe_read_kernel(s, 16, (void *)(sk + OFF_SKC_V6_RCV_SADDR));
+		bpf_probe_read_kernel(d, 16, (void *)(sk + OFF_SKC_V6_DADDR));
+	} else {
+		bpf_probe_read_kernel(s, 4, (void *)(sk + OFF_SKC_RCV_SADDR));
+		bpf_probe_read_kernel(d, 4, (void *)(sk + OFF_SKC_DADDR));
+	}
+	return pslat_addrs_hash16(family, s, d);
+}
+
+/* The share shed now, in 1/65536 (0: every pair is kept). */
+static __always_inline u32 pslat_shed_units(void)
+{
+	int zero = 0;
+	u32 *v = pslat_sampling.lookup(&zero);
+	return v ? *v : 0;
+}
+
+/* Is the pair of these addresses (as FILL_TUPLE stores them) sampled now? */
+static __always_inline int pslat_addrs_sampled(u16 family, const u8 *saddr, const u8 *daddr)
+{
+	u32 shed = pslat_shed_units();
+	return !shed || pslat_addrs_hash16(family, saddr, daddr) >= shed;
+}
+
+/* Is a socket's pair sampled? Reads its addresses only while shedding. */
+static __always_inline int pslat_sock_sampled(u64 sk)
+{
+	u32 shed = pslat_shed_units();
+	return !shed || pslat_sock_hash16(sk) >= shed;
+}
+
 /* fd of the current task -> its struct sock, or 0 when the fd is not an
  * IPv4/IPv6 TCP socket. Walks task->files->fdt->fd[fd] -> file ->
  * (S_IFSOCK inode) -> file->private_data (struct socket) -> socket->sk. */

@@ -32,6 +32,13 @@
  * skb layouts: at net_dev_start_xmit skb->data is the L2 header and the TCP
  * header sits at skb->head + transport_header; at napi_gro_receive_entry and
  * netif_receive_skb the driver has pulled L2 (eth_type_trans), so skb->data
+ * Load shedding (common.bpf.h, "host-pair sampling"): sockets of a host pair
+ * the agent does not sample now are not tracked from ESTABLISHED/accept on
+ * (the sockcalls probe also stops tracking them), and their retransmission,
+ * life-cycle and connect/accept events are counted, not emitted. The per-
+ * packet hooks have no gate of their own: an untracked socket costs them one
+ * failed lookup already.
+ *
  * is the IP header (transport_header is not set yet at netif_receive_skb).
  */
 #include "rings.bpf.h"
@@ -471,6 +478,10 @@ int ns_retransmit(struct bpf_raw_tracepoint_args *ctx)
 }
 
 /* Which process a socket belongs to, for selecting life-cycle events when a
+	if (!pslat_sock_sampled(sk)) {
+		pslat_count_shed(PSLAT_SHED_NETSTACK);
+		return 0;
+	}
  * process filter is on: the connecting process (connect() entry) or the one
  * accepting on the listener (accept() entry), by (netns, port). */
 struct ns_listen_key {
@@ -556,6 +567,14 @@ int ns_set_state(struct bpf_raw_tracepoint_args *ctx)
 		/* Nothing sent or received yet: both ISNs are one before. */
 		ev.isn_local = kread_u32(sk + NS_OFF_TCP_SND_UNA) - 1;
 		ev.isn_remote = kread_u32(sk + NS_OFF_TCP_RCV_NXT) - 1;
+	if (!pslat_sock_sampled(sk)) {
+		pslat_count_shed(PSLAT_SHED_NETSTACK);
+		if (newstate == NS_TCP_CLOSE) {
+			ns_flush_closed(sk);
+			ns_owners.delete(&sk);
+		}
+		return 0;
+	}
 		ev.flags |= NS_CONN_F_ISN;
 		ns_track(sk);
 	}
@@ -721,7 +740,12 @@ static __always_inline int ns_call_exit(void *ctx, u8 call)
 			lk.netns_ino = ev.netns_ino;
 			lk.port = ev.sport;
 			ns_listeners.update(&lk, &ev.tgid);
-			ns_track(sk);
+			if (sampled)
+				ns_track(sk);
+		}
+		if (!sampled) {
+			pslat_count_shed(PSLAT_SHED_NETSTACK);
+			return 0;
 		}
 	}
 	bpf_get_current_comm(&ev.comm, sizeof(ev.comm));
@@ -731,6 +755,7 @@ static __always_inline int ns_call_exit(void *ctx, u8 call)
 
 int ns_exit_connect(void *ctx)
 {
+		int sampled = pslat_addrs_sampled(ev.family, ev.saddr, ev.daddr);
 	return ns_call_exit(ctx, NS_CALL_CONNECT);
 }
 

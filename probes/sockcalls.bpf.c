@@ -30,6 +30,11 @@
  * yet hinted, or not ZMTP) carry a raw prefix of each call instead. For each
  * message end it asks the netstack probe's rings (rings.bpf.h) for the
  * stage times (receives) or registers the end (sends).
+ *
+ * Load shedding: calls on connections of a host pair the agent does not
+ * sample now (common.bpf.h, "host-pair sampling") stop at the entry, before
+ * the in-flight slot, the netstack tracking and the whole exit (walker,
+ * ring): only counted. The pair's hash is cached with the connection.
  */
 /* the walker; it includes rings.bpf.h (the netstack probe's API) */
 #include "zmtp_walk.bpf.h"
@@ -64,7 +69,8 @@ struct conn_info {
 	u16 sport;
 	u16 dport;
 	u8 isn_flags;  /* SOCKCALL_F_ISN_* */
-	u8 has_tuple;  /* the fields below (and netns_ino, ports) are filled */
+	u8 has_tuple;  /* the fields below (and netns_ino, ports, pair_h16) are filled */
+	u16 pair_h16;  /* host-pair sampling hash of (saddr, daddr) */
 	u64 cookie;
 	u8 saddr[16];
 	u8 daddr[16];
@@ -103,74 +109,6 @@ static __always_inline int is_send(u8 call)
 	       call == SOCKCALL_SENDMSG;
 }
 
-
-static __always_inline int sc_enter(void *ctx, u8 call, u64 fd, u64 ptr, u64 len)
-{
-	u64 id = bpf_get_current_pid_tgid();
-	if (!process_selected(id >> 32))
-		return 0;
-	/* After the process filter (one hash lookup) so that unselected
-	 * processes do not pay for it, before the fd walk. */
-	u64 ts = bpf_ktime_get_ns();
-	if (fd > 0x7fffffff)
-		return 0;
-	u64 sk = fd_to_tcp_sock((u32)fd);
-	if (!sk || !sock_selected(sk))
-		return 0;
-	/* The netstack rings must follow the socket before this call sends:
-	 * on veth and loopback the segments leave inside the syscall. */
-	ns_track(sk);
-	struct sockcall_inflight in = {};
-	in.enter_ts_ns = ts;
-	in.sk = sk;
-	in.ptr = ptr;
-	in.len = len;
-	in.fd = (u32)fd;
-	in.syscall_nr = TP_S32(ctx, TP_SYSCALL_NR);
-	in.call = call;
-	in.seq_start = kread_u32(sk + (is_send(call) ? OFF_TCP_WRITE_SEQ : OFF_TCP_COPIED_SEQ));
-	struct sockcall_inflight *slot = sockcalls_inflight.lookup(&id);
-	if (slot)
-		*slot = in;
-	else if (sockcalls_inflight.update(&id, &in))
-		sc_count(SOCKCALL_COUNTER_INFLIGHT_FULL);
-	return 0;
-}
-
-/* Each syscall has its own tracepoint, so each its own small entry program;
- * argument offsets come from the tracepoints' tracefs formats. */
-int sc_enter_read(void *ctx)
-{
-	return sc_enter(ctx, SOCKCALL_READ, TP_U64(ctx, TP_READ_FD), TP_U64(ctx, TP_READ_BUF), TP_U64(ctx, TP_READ_COUNT));
-}
-int sc_enter_write(void *ctx)
-{
-	return sc_enter(ctx, SOCKCALL_WRITE, TP_U64(ctx, TP_WRITE_FD), TP_U64(ctx, TP_WRITE_BUF), TP_U64(ctx, TP_WRITE_COUNT));
-}
-int sc_enter_readv(void *ctx)
-{
-	return sc_enter(ctx, SOCKCALL_READV, TP_U64(ctx, TP_READV_FD), TP_U64(ctx, TP_READV_VEC), TP_U64(ctx, TP_READV_VLEN));
-}
-int sc_enter_writev(void *ctx)
-{
-	return sc_enter(ctx, SOCKCALL_WRITEV, TP_U64(ctx, TP_WRITEV_FD), TP_U64(ctx, TP_WRITEV_VEC), TP_U64(ctx, TP_WRITEV_VLEN));
-}
-int sc_enter_recvfrom(void *ctx)
-{
-	return sc_enter(ctx, SOCKCALL_RECVFROM, TP_U64(ctx, TP_RECVFROM_FD), TP_U64(ctx, TP_RECVFROM_UBUF), TP_U64(ctx, TP_RECVFROM_SIZE));
-}
-int sc_enter_sendto(void *ctx)
-{
-	return sc_enter(ctx, SOCKCALL_SENDTO, TP_U64(ctx, TP_SENDTO_FD), TP_U64(ctx, TP_SENDTO_BUFF), TP_U64(ctx, TP_SENDTO_LEN));
-}
-int sc_enter_recvmsg(void *ctx)
-{
-	return sc_enter(ctx, SOCKCALL_RECVMSG, TP_U64(ctx, TP_RECVMSG_FD), TP_U64(ctx, TP_RECVMSG_MSG), 0);
-}
-int sc_enter_sendmsg(void *ctx)
-{
-	return sc_enter(ctx, SOCKCALL_SENDMSG, TP_U64(ctx, TP_SENDMSG_FD), TP_U64(ctx, TP_SENDMSG_MSG), 0);
-}
 
 /* ISNs at the moment a connection is established (both ends: connect() and
  * the child socket accept() will return), forgotten when it closes. */
@@ -230,24 +168,129 @@ static __always_inline void read_tuple(u64 sk, struct conn_info *c)
 	c->cookie = kread_u64(sk + OFF_SKC_COOKIE);
 	c->netns_ino = sock_netns_ino(sk);
 	FILL_TUPLE(c, sk);
+	c->pair_h16 = (u16)pslat_addrs_hash16(c->family, c->saddr, c->daddr);
 	c->has_tuple = 1;
+}
+
+/* The connection's fixed facts, from the cache when known; else read now
+ * into `fresh` and cached when its ISNs could be read (else tried again at
+ * the next call). */
+static __always_inline struct conn_info *conn_get(u64 sk, struct conn_info *fresh)
+{
+	struct conn_info *c = sockcalls_conns.lookup(&sk);
+	if (!c) {
+		read_tuple(sk, fresh);
+		if (derive_isns(sk, fresh) == 0)
+			sockcalls_conns.update(&sk, fresh);
+		return fresh;
+	}
+	if (!c->has_tuple)
+		read_tuple(sk, c); /* entry made at ESTABLISHED: fill it in place */
+	return c;
+}
+
+/* Load shedding: is this socket's host pair unsampled now? Then its calls
+ * are not traced, and the netstack rings stop following it (its packets then
+ * cost one failed lookup each); tracking starts again at its next sampled
+ * call, and the walker finds a stream gap there and resynchronises. Ends
+ * still waiting for their segments are dropped without an event: their
+ * rows go out without TX times. */
+static __always_inline int sc_pair_shed(u64 sk)
+{
+	u32 shed = pslat_shed_units();
+	if (!shed)
+		return 0;
+	struct conn_info fresh = {};
+	struct conn_info *c = conn_get(sk, &fresh);
+	if (c->pair_h16 >= shed)
+		return 0;
+	pslat_count_shed(PSLAT_SHED_CALLS);
+#ifdef NETSTACK_LOADED
+	if (ns_tx_socks.lookup(&sk)) {
+		struct ns_rx_sock *rs = ns_rx_socks.lookup(&sk);
+		if (rs) {
+			ns_flows.delete(&rs->key);
+			ns_rx_socks.delete(&sk);
+		}
+		ns_tx_socks.delete(&sk);
+	}
+#endif
+	return 1;
+}
+
+static __always_inline int sc_enter(void *ctx, u8 call, u64 fd, u64 ptr, u64 len)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	if (!process_selected(id >> 32))
+		return 0;
+	/* After the process filter (one hash lookup) so that unselected
+	 * processes do not pay for it, before the fd walk. */
+	u64 ts = bpf_ktime_get_ns();
+	if (fd > 0x7fffffff)
+		return 0;
+	u64 sk = fd_to_tcp_sock((u32)fd);
+	if (!sk || !sock_selected(sk) || sc_pair_shed(sk))
+		return 0;
+	/* The netstack rings must follow the socket before this call sends:
+	 * on veth and loopback the segments leave inside the syscall. */
+	ns_track(sk);
+	struct sockcall_inflight in = {};
+	in.enter_ts_ns = ts;
+	in.sk = sk;
+	in.ptr = ptr;
+	in.len = len;
+	in.fd = (u32)fd;
+	in.syscall_nr = TP_S32(ctx, TP_SYSCALL_NR);
+	in.call = call;
+	in.seq_start = kread_u32(sk + (is_send(call) ? OFF_TCP_WRITE_SEQ : OFF_TCP_COPIED_SEQ));
+	struct sockcall_inflight *slot = sockcalls_inflight.lookup(&id);
+	if (slot)
+		*slot = in;
+	else if (sockcalls_inflight.update(&id, &in))
+		sc_count(SOCKCALL_COUNTER_INFLIGHT_FULL);
+	return 0;
+}
+
+/* Each syscall has its own tracepoint, so each its own small entry program;
+ * argument offsets come from the tracepoints' tracefs formats. */
+int sc_enter_read(void *ctx)
+{
+	return sc_enter(ctx, SOCKCALL_READ, TP_U64(ctx, TP_READ_FD), TP_U64(ctx, TP_READ_BUF), TP_U64(ctx, TP_READ_COUNT));
+}
+int sc_enter_write(void *ctx)
+{
+	return sc_enter(ctx, SOCKCALL_WRITE, TP_U64(ctx, TP_WRITE_FD), TP_U64(ctx, TP_WRITE_BUF), TP_U64(ctx, TP_WRITE_COUNT));
+}
+int sc_enter_readv(void *ctx)
+{
+	return sc_enter(ctx, SOCKCALL_READV, TP_U64(ctx, TP_READV_FD), TP_U64(ctx, TP_READV_VEC), TP_U64(ctx, TP_READV_VLEN));
+}
+int sc_enter_writev(void *ctx)
+{
+	return sc_enter(ctx, SOCKCALL_WRITEV, TP_U64(ctx, TP_WRITEV_FD), TP_U64(ctx, TP_WRITEV_VEC), TP_U64(ctx, TP_WRITEV_VLEN));
+}
+int sc_enter_recvfrom(void *ctx)
+{
+	return sc_enter(ctx, SOCKCALL_RECVFROM, TP_U64(ctx, TP_RECVFROM_FD), TP_U64(ctx, TP_RECVFROM_UBUF), TP_U64(ctx, TP_RECVFROM_SIZE));
+}
+int sc_enter_sendto(void *ctx)
+{
+	return sc_enter(ctx, SOCKCALL_SENDTO, TP_U64(ctx, TP_SENDTO_FD), TP_U64(ctx, TP_SENDTO_BUFF), TP_U64(ctx, TP_SENDTO_LEN));
+}
+int sc_enter_recvmsg(void *ctx)
+{
+	return sc_enter(ctx, SOCKCALL_RECVMSG, TP_U64(ctx, TP_RECVMSG_FD), TP_U64(ctx, TP_RECVMSG_MSG), 0);
+}
+int sc_enter_sendmsg(void *ctx)
+{
+	return sc_enter(ctx, SOCKCALL_SENDMSG, TP_U64(ctx, TP_SENDMSG_FD), TP_U64(ctx, TP_SENDMSG_MSG), 0);
 }
 
 /* The connection's fixed facts into the event, from the cache when known. */
 static __always_inline void conn_facts(u64 sk, struct sockcall_event *ev)
 {
-	struct conn_info *c = sockcalls_conns.lookup(&sk);
 	struct conn_info fresh = {};
-	if (!c) {
-		read_tuple(sk, &fresh);
-		/* ISNs unreadable this time: report the tuple, cache nothing, try
-		 * again at the next call. */
-		if (derive_isns(sk, &fresh) == 0)
-			sockcalls_conns.update(&sk, &fresh);
-		c = &fresh;
-	} else if (!c->has_tuple) {
-		read_tuple(sk, c); /* entry made at ESTABLISHED: fill it in place */
-	}
+	struct conn_info *c = conn_get(sk, &fresh);
 	ev->isn_local = c->isn_local;
 	ev->isn_remote = c->isn_remote;
 	ev->flags |= c->isn_flags;
