@@ -170,13 +170,14 @@ def health(ctx: RunContext, d) -> list[dict[str, Any]]:
         sampling = meta.get("sampling") if isinstance(meta.get("sampling"), dict) else {}
         rows.append({"host": host, "probes": probes, "messages": c.get("messages"),
                      "rows_dropped": int(c.get("rows_dropped") or 0), "consumer_cpu_s": c.get("consumer_cpu_s"),
+                     "unparsed_bytes": int(c.get("unparsed_bytes") or 0),
                      "sampling_rate": sampling.get("rate", 1.0) if sampling else 1.0,
                      "closed": bool(meta.get("closed")), "meta": bool(meta)})
     return rows
 
 
 def build_model(d, run_dirs: list[Path] | None) -> dict[str, Any]:
-    from reports.findings import findings
+    from reports.findings import findings, run_traffic_gaps
 
     ctx = RunContext.open(run_dirs, d)
     done = d.complete
@@ -194,6 +195,7 @@ def build_model(d, run_dirs: list[Path] | None) -> dict[str, Any]:
         "clocks": clocks(d, ctx, done),
         "health": health(ctx, d),
         "processes": processes(ctx),
+        "traffic_gaps": run_traffic_gaps(ctx),
         "sampling_rate": d.sampling_rate,
         "started_realtime_ns": min((int(v["started_realtime_ns"]) for v in ctx.metas.values()
                                     if isinstance(v.get("started_realtime_ns"), int)), default=None),
