@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from reports import components as C
 
 MIN_BUCKET = 30          # requests an in-flight bucket needs before it is compared
@@ -224,6 +226,10 @@ def health_findings(m: dict) -> list[str]:
         out.append(f"Agent health: no events lost ({seen_total:,} events seen by the probes).")
     else:
         out.append("Agent health: the run dirs carry no probe counters.")
+    unparsed = [f"{h['host']} {h['unparsed_bytes']:,}" for h in m["health"] if h.get("unparsed_bytes")]
+    if unparsed:
+        out.append("Unparsed bytes on traced connections (not ps-lite, damaged, or cut by lost events): "
+                   + ", ".join(unparsed) + ".")
     if m.get("sampling_rate"):
         out.append(f"The agents sampled host pairs at rate {m['sampling_rate']:g}: counts cover the sampled "
                    "traffic only.")
@@ -234,9 +240,68 @@ def health_findings(m: dict) -> list[str]:
     return out
 
 
+# A traffic gap: a span without a single message on a host, at least GAP_MIN_S long and
+# GAP_FACTOR times the host's median spacing of messages (a slow job's pauses are not gaps).
+GAP_MIN_S = 1.0
+GAP_FACTOR = 50
+GAPS_NAMED = 3           # per host; the rest are counted
+# the time of a message on its host: the first stage every send or receive row has
+MESSAGE_TIME_COLS = ("ts_send_first_enter_ns", "ts_recv_last_exit_ns", "ts_framework_ns")
+
+
+def traffic_gaps(times_ns: dict[str, np.ndarray], start_ns: dict[str, int | None]) -> list[dict[str, Any]]:
+    """Per host, the spans between two consecutive messages that are gaps (see GAP_MIN_S),
+    longest first; `from_s`/`to_s` count from the host's agent start (else its first
+    message). times_ns: host -> message times (CLOCK_MONOTONIC ns of that host)."""
+    out = []
+    for host in sorted(times_ns):
+        t = np.sort(np.asarray(times_ns[host], dtype=np.int64))
+        if len(t) < 3:
+            continue
+        d = np.diff(t)
+        limit = max(GAP_MIN_S * 1e9, GAP_FACTOR * float(np.median(d)))
+        origin = start_ns.get(host)
+        origin = int(t[0]) if origin is None or origin > t[0] else int(origin)
+        for i in np.flatnonzero(d >= limit):
+            out.append({"host": host, "from_ns": int(t[i]), "to_ns": int(t[i + 1]),
+                        "from_s": (int(t[i]) - origin) / 1e9, "to_s": (int(t[i + 1]) - origin) / 1e9,
+                        "seconds": float(d[i]) / 1e9})
+    return sorted(out, key=lambda g: (g["host"], -g["seconds"]))
+
+
+def run_traffic_gaps(ctx) -> list[dict[str, Any]]:
+    """traffic_gaps() of a report's run dirs (ctx: reports.extra.RunContext)."""
+    df = ctx.table("messages", ["host_id", *MESSAGE_TIME_COLS])
+    if len(df) == 0:
+        return []
+    t = df[MESSAGE_TIME_COLS[0]]
+    for c in MESSAGE_TIME_COLS[1:]:
+        t = t.fillna(df[c])
+    df = df.assign(t=t).dropna(subset=["t"])
+    times = {str(h): g["t"].to_numpy(dtype=np.int64) for h, g in df.groupby("host_id", observed=True)}
+    starts = {}
+    for h, meta in ctx.metas.items():
+        real, off = meta.get("started_realtime_ns"), (meta.get("clock") or {}).get("offset_ns")
+        starts[h] = int(real) - int(off) if isinstance(real, int) and isinstance(off, int) else None
+    return traffic_gaps(times, starts)
+
+
+def gap_findings(m: dict) -> list[str]:
+    by_host: dict[str, list[dict]] = {}
+    for g in m.get("traffic_gaps") or []:
+        by_host.setdefault(g["host"], []).append(g)
+    out = []
+    for host, gaps in by_host.items():
+        spans = ", ".join(f"from {g['from_s']:.1f} s to {g['to_s']:.1f} s" for g in gaps[:GAPS_NAMED])
+        more = f" and {len(gaps) - GAPS_NAMED} shorter gap(s)" if len(gaps) > GAPS_NAMED else ""
+        out.append(f"Traffic gap: no messages on {host} {spans} of the run{more} (the traced processes "
+                   "stopped, restarted or stalled, or the agent could not see them).")
+    return out
+
+
 def findings(m: dict[str, Any]) -> list[str]:
     out = breakdown_findings(m)
     if not out:
         out.append("No request had both its ends measured on the worker: nothing to break down.")
     return (out + concurrency_findings(m) + connection_findings(m) + skew_findings(m) + clock_findings(m)
-            + health_findings(m))
+            + health_findings(m) + gap_findings(m))
