@@ -70,6 +70,24 @@ class AgentProcess:
         self._drain.join(5)
         return rc
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def terminate(self, timeout_s: float = 60.0) -> tuple[int, float]:
+        """SIGTERM (as a service manager stops it); its exit status and the seconds
+        from the signal to its exit."""
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise UserError(f"the agent did not stop within {timeout_s:g} s after SIGTERM: {self.log_tail()}")
+        took_s = time.monotonic() - t0
+        self._drain.join(5)
+        return rc, took_s
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()

@@ -12,13 +12,13 @@ and keeps its memory bounded; it never raises into the tracing loop.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,19 +31,37 @@ FORMAT_VERSION = 1
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    """Whole or not at all; a failed write leaves the old file and no temporary behind
+    (on a full disk the temporary's blocks are what the next try needs)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _default_warn(msg: str) -> None:
+    print(f"pslat agent: {msg}", file=sys.stderr, flush=True)
 
 
 class RunDirWriter:
     """Buffers rows per table and closes a shard every `shard_interval_s`."""
 
     def __init__(self, path: Path, meta: dict[str, Any], shard_interval_s: float = 2.0,
-                 max_buffered_rows: int = 200_000):
+                 max_buffered_rows: int = 200_000, warn: Callable[[str], None] = _default_warn):
+        self.warn = warn
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.meta = dict(meta, format_version=FORMAT_VERSION)
@@ -55,7 +73,9 @@ class RunDirWriter:
         self._seq = 0
         self._last_flush = time.monotonic()
         self.rows_dropped = 0
-        self.disk_full = False
+        self.shards_failed = 0
+        self.meta_write_failures = 0
+        self.disk_full = False        # the last write failed; the next flush tries again
         self.write_meta()
 
     def set_schema(self, table: str, schema: pa.Schema) -> None:
@@ -81,37 +101,56 @@ class RunDirWriter:
                 continue
             name = f"{table}-{self._seq:06d}{SHARD_SUFFIX}"
             self._seq += 1
+            tbl = pa.Table.from_pylist(rows, schema=self._schemas.get(table))
+            tmp = self.path / f".{name}.tmp"
             try:
-                tbl = pa.Table.from_pylist(rows, schema=self._schemas.get(table))
-                tmp = self.path / f".{name}.tmp"
                 pq.write_table(tbl, tmp)
                 os.replace(tmp, self.path / name)
-            except OSError as e:
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                self.disk_full = True
+            except OSError as e:   # pyarrow's IO errors are OSErrors too, often without errno
+                _unlink_quietly(tmp)   # frees what the half shard took: meta.json must still fit
                 self.rows_dropped += len(rows)
-                try:
-                    (self.path / f".{name}.tmp").unlink()
-                except OSError:
-                    pass
+                self.shards_failed += 1
+                self._failed(f"cannot write a shard to {self.path} ({_why(e)})")
+            else:
+                self._wrote()
             rows.clear()
         self.write_meta()
 
+    def _failed(self, what: str) -> None:
+        if not self.disk_full:   # once per episode: one line, not one per shard
+            self.warn(f"{what}: dropping rows until it can write again (counted in meta.json as "
+                      "counters.rows_dropped); tracing goes on")
+        self.disk_full = True
+
+    def _wrote(self) -> None:
+        if self.disk_full:
+            self.warn(f"writing to {self.path} again ({self.rows_dropped} rows dropped so far)")
+        self.disk_full = False
+
     def write_meta(self) -> None:
-        self.meta["counters"]["rows_dropped"] = self.rows_dropped
+        """Rewrites meta.json atomically; on failure the previous one stays, and the next
+        flush tries again (so the final counters land once space is back)."""
+        c = self.meta["counters"]
+        c["rows_dropped"] = self.rows_dropped
+        c["shards_failed"] = self.shards_failed
+        c["meta_write_failures"] = self.meta_write_failures
         self.meta["disk_full"] = self.disk_full
         self.meta["updated_realtime_ns"] = time.time_ns()
         try:
             _write_atomic(self.path / META_FILE, json.dumps(self.meta, indent=1, sort_keys=True).encode())
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            self.disk_full = True
+            self.meta_write_failures += 1
+            self._failed(f"cannot write {self.path / META_FILE} ({_why(e)})")
 
     def close(self) -> None:
         self.meta["closed"] = True
         self.flush()
+
+
+def _why(e: OSError) -> str:
+    if e.errno is not None:
+        return os.strerror(e.errno)
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 @dataclass
