@@ -322,7 +322,7 @@ struct ns_call_event {
 #define NS_RX_F_NETIF          0x0001 /* ts_netif_ns found */
 #define NS_RX_F_NIC            0x0002 /* ts_nic_ns found */
 #define NS_RX_F_DATA_READY     0x0004 /* ts_data_ready_ns found */
-#define NS_RX_F_NO_NAPI        0x0008 /* the segment reached netif_receive_skb without a NAPI GRO entry (veth without GRO/XDP, loopback): no NIC time */
+#define NS_RX_F_NO_NAPI        0x0008 /* the segment reached netif_receive_skb with no arrival record (neither NAPI GRO entry nor netif_rx): no NIC time */
 #define NS_RX_F_NETIF_OVERWRITTEN 0x0010 /* the segment's record was pushed out of the flow ring */
 #define NS_RX_F_NETIF_MISSING  0x0020 /* no record of the segment (arrived before the flow was tracked, or not seen) */
 #define NS_RX_F_DR_OVERWRITTEN 0x0040 /* the data-ready found may not be the first: older ones were pushed out of the ring */
@@ -332,7 +332,7 @@ struct ns_call_event {
 #define NS_RX_F_NOT_LOADED     0x8000 /* the netstack probe is not part of this program */
 
 struct ns_rx_times {
-	__u64 ts_nic_ns;        /* napi_gro_receive_entry of the segment carrying byte end_seq - 1; 0: flags */
+	__u64 ts_nic_ns;        /* arrival (napi_gro_receive_entry or netif_rx) of the segment carrying byte end_seq - 1; 0: flags */
 	__u64 ts_netif_ns;      /* netif_receive_skb of the skb carrying it; 0: flags */
 	__u64 ts_data_ready_ns; /* first sk_data_ready after which rcv_nxt >= end_seq; 0: flags */
 	__u32 data_ready_rcv_nxt; /* rcv_nxt at that data-ready */

@@ -9,8 +9,11 @@
  *        netif_receive_skb (same skb pointer)  skb: TX completion, drop, or
  *                                              "forwarded to a peer" (veth,
  *                                              loopback: no TX completion)
- *   RX   napi_gro_receive_entry                per segment of a tracked flow:
- *        netif_receive_skb                     NAPI time, netif_receive time
+ *   RX   napi_gro_receive_entry, netif_rx      per segment of a tracked flow:
+ *        netif_receive_skb                     arrival at the device (NAPI
+ *                                              poll, or netif_rx for devices
+ *                                              without NAPI: veth, loopback),
+ *                                              netif_receive time
  *        sk_data_ready                         per tracked socket: rcv_nxt
  *   TCP  tcp_retransmit_skb                    event per retransmission
  *        inet_sock_set_state                   life-cycle event; starts and
@@ -29,9 +32,6 @@
  * on the way up; TX reports each further device (the last is the driver),
  * RX keeps the first (the device it arrived on).
  *
- * skb layouts: at net_dev_start_xmit skb->data is the L2 header and the TCP
- * header sits at skb->head + transport_header; at napi_gro_receive_entry and
- * netif_receive_skb the driver has pulled L2 (eth_type_trans), so skb->data
  * Load shedding (common.bpf.h, "host-pair sampling"): sockets of a host pair
  * the agent does not sample now are not tracked from ESTABLISHED/accept on
  * (the sockcalls probe also stops tracking them), and their retransmission,
@@ -39,6 +39,9 @@
  * packet hooks have no gate of their own: an untracked socket costs them one
  * failed lookup already.
  *
+ * skb layouts: at net_dev_start_xmit skb->data is the L2 header and the TCP
+ * header sits at skb->head + transport_header; at napi_gro_receive_entry,
+ * netif_rx and netif_receive_skb the driver has pulled L2 (eth_type_trans), so skb->data
  * is the IP header (transport_header is not set yet at netif_receive_skb).
  */
 #include "rings.bpf.h"
@@ -373,7 +376,12 @@ static __always_inline void ns_rx_forwarded(u64 skb)
 #endif
 }
 
-int ns_napi_gro(struct bpf_raw_tracepoint_args *ctx)
+/* A segment arriving at a device: the NAPI poll's GRO entry, or netif_rx on
+ * devices without NAPI (veth without GRO/XDP, loopback: the peer's xmit calls
+ * it, so it is where the frame left the wire). Its netif_receive_skb comes
+ * later, from the softirq's backlog: that wait is the receiving host's, not
+ * the wire's. */
+int ns_rx_arrival(struct bpf_raw_tracepoint_args *ctx)
 {
 	u64 skb = ctx->args[0];
 	ns_rx_forwarded(skb);
@@ -388,7 +396,7 @@ int ns_napi_gro(struct bpf_raw_tracepoint_args *ctx)
 	r->ts_netif_ns = 0;
 	r->seq = seq;
 	r->end = end;
-	f->gro_held++; /* records waiting for their netif_receive_skb (GRO holds them) */
+	f->gro_held++; /* records waiting for their netif_receive_skb (GRO or the backlog holds them) */
 	return 0;
 }
 
@@ -416,6 +424,14 @@ int ns_netif_receive(struct bpf_raw_tracepoint_args *ctx)
 	 * verifier sees one state per iteration. */
 	u32 held = f->gro_held;
 	if (held) {
+		/* Without GRO the backlog hands skbs up in arrival order: the
+		 * oldest held record is this skb's; the scan is for merges. */
+		struct ns_rxrec *o = &f->r[(f->head - held) & (NS_RX_SLOTS - 1)];
+		if (o->ts_nic_ns && !o->ts_netif_ns && o->seq == seq && o->end == end) {
+			o->ts_netif_ns = ts;
+			f->gro_held = held - 1;
+			return 0;
+		}
 		for (int i = 0; i < NS_RX_SLOTS; i++) {
 			struct ns_rxrec *r = &f->r[i];
 			if (r->ts_nic_ns && !r->ts_netif_ns && ns_seq_in(r->seq, seq, end)) {
@@ -462,6 +478,10 @@ int ns_retransmit(struct bpf_raw_tracepoint_args *ctx)
 	u64 sk = ctx->args[0];
 	if (!ns_tx_socks.lookup(&sk))
 		return 0;
+	if (!pslat_sock_sampled(sk)) {
+		pslat_count_shed(PSLAT_SHED_NETSTACK);
+		return 0;
+	}
 	u64 skb = ctx->args[1];
 	struct ns_retrans_event ev = {};
 	ev.kind = NS_EV_RETRANS;
@@ -478,10 +498,6 @@ int ns_retransmit(struct bpf_raw_tracepoint_args *ctx)
 }
 
 /* Which process a socket belongs to, for selecting life-cycle events when a
-	if (!pslat_sock_sampled(sk)) {
-		pslat_count_shed(PSLAT_SHED_NETSTACK);
-		return 0;
-	}
  * process filter is on: the connecting process (connect() entry) or the one
  * accepting on the listener (accept() entry), by (netns, port). */
 struct ns_listen_key {
@@ -551,6 +567,14 @@ int ns_set_state(struct bpf_raw_tracepoint_args *ctx)
 	if (!ns_conn_selected(sk, &tgid))
 		return 0;
 	int newstate = (int)ctx->args[2];
+	if (!pslat_sock_sampled(sk)) {
+		pslat_count_shed(PSLAT_SHED_NETSTACK);
+		if (newstate == NS_TCP_CLOSE) {
+			ns_flush_closed(sk);
+			ns_owners.delete(&sk);
+		}
+		return 0;
+	}
 	struct ns_conn_event ev = {};
 	ev.kind = NS_EV_CONN;
 	ev.ts_ns = bpf_ktime_get_ns();
@@ -567,14 +591,6 @@ int ns_set_state(struct bpf_raw_tracepoint_args *ctx)
 		/* Nothing sent or received yet: both ISNs are one before. */
 		ev.isn_local = kread_u32(sk + NS_OFF_TCP_SND_UNA) - 1;
 		ev.isn_remote = kread_u32(sk + NS_OFF_TCP_RCV_NXT) - 1;
-	if (!pslat_sock_sampled(sk)) {
-		pslat_count_shed(PSLAT_SHED_NETSTACK);
-		if (newstate == NS_TCP_CLOSE) {
-			ns_flush_closed(sk);
-			ns_owners.delete(&sk);
-		}
-		return 0;
-	}
 		ev.flags |= NS_CONN_F_ISN;
 		ns_track(sk);
 	}
@@ -734,6 +750,7 @@ static __always_inline int ns_call_exit(void *ctx, u8 call)
 		ev.sk = sk;
 		ev.netns_ino = sock_netns_ino(sk);
 		FILL_TUPLE(&ev, sk);
+		int sampled = pslat_addrs_sampled(ev.family, ev.saddr, ev.daddr);
 		if (call == NS_CALL_ACCEPT) {
 			/* later children of this listener belong to this process */
 			struct ns_listen_key lk = {};
@@ -755,7 +772,6 @@ static __always_inline int ns_call_exit(void *ctx, u8 call)
 
 int ns_exit_connect(void *ctx)
 {
-		int sampled = pslat_addrs_sampled(ev.family, ev.saddr, ev.daddr);
 	return ns_call_exit(ctx, NS_CALL_CONNECT);
 }
 

@@ -26,7 +26,8 @@ RAW_HOOKS = {
     "net_dev_start_xmit": "ns_start_xmit",
     "consume_skb": "ns_consume_skb",
     "kfree_skb": "ns_kfree_skb",
-    "napi_gro_receive_entry": "ns_napi_gro",
+    "napi_gro_receive_entry": "ns_rx_arrival",
+    "netif_rx": "ns_rx_arrival",            # devices without NAPI (veth, loopback)
     "netif_receive_skb": "ns_netif_receive",
     "sk_data_ready": "ns_data_ready",
     "tcp_retransmit_skb": "ns_retransmit",

@@ -175,7 +175,7 @@ struct ns_flow_key {
 };
 
 struct ns_rxrec {
-	u64 ts_nic_ns;   /* napi_gro_receive_entry; 0 when the segment had none */
+	u64 ts_nic_ns;   /* napi_gro_receive_entry or netif_rx; 0 when the segment had none */
 	u64 ts_netif_ns; /* netif_receive_skb; 0 while GRO still holds it */
 	u32 seq;         /* payload range [seq, end) */
 	u32 end;
@@ -183,7 +183,7 @@ struct ns_rxrec {
 
 struct ns_flow {
 	u32 head;
-	u32 gro_held; /* NAPI records still waiting for their netif_receive_skb */
+	u32 gro_held; /* arrival records still waiting for their netif_receive_skb */
 	u64 last_skb; /* the latest skb at netif_receive_skb, its first seq and */
 	u64 last_ts_ns; /* time: seen again at once, a stacked device (bridge, */
 	u32 last_seq; /* vlan) passes it up */
