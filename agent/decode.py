@@ -174,7 +174,7 @@ def rx_stages(nic: int, netif: int, dr: int, flags: int) -> dict:
            "socket not tracked before this call" if flags & NS_RX_F_UNTRACKED else
            "no record of the segment")
     put("ts_nic_rx_last_ns", flags & NS_RX_F_NIC, nic,
-        "device has no NAPI/GRO receive (veth, loopback): no NIC time" if flags & NS_RX_F_NO_NAPI else seg)
+        "no arrival record (NAPI or netif_rx) for the segment: no NIC time" if flags & NS_RX_F_NO_NAPI else seg)
     put("ts_netif_rx_last_ns", flags & NS_RX_F_NETIF, netif, seg)
     put("ts_data_ready_ns", flags & NS_RX_F_DATA_READY, dr, "no data-ready on record for this end")
     return out
@@ -184,56 +184,182 @@ class Skip(int):
     """n bytes inside frame bodies the kernel's walker skipped (not lost: known)."""
 
 
+# The walker's items (events.h struct sockcall_item and its bodies), unpacked with
+# struct: the ctypes mirrors (probes.events, probes.sockcalls.WalkedCall, which this
+# must agree with: tests/unit/test_agent_decode.py) cost ~50 us per call.
+_ITEM = struct.Struct("<BBHI")            # kind, what, len, call_off
+_KEYS = struct.Struct("<IBBHQ")           # scanned_bytes, level, count, pad, mask
+_IT_BYTES, _IT_WALK_START, _IT_WALK_END, _IT_MSG_END, _IT_KEYS, _IT_RX_TIMES = 1, 2, 3, 4, 5, 6
+_FIXED_LEN = {_IT_WALK_START: 8, _IT_WALK_END: 8, _IT_MSG_END: 16}
+_ITEM_KINDS = frozenset(range(1, 9))
+_WALK_HOWS = {_IT_WALK_START: frozenset(range(1, 5)), _IT_WALK_END: frozenset(range(1, 11))}
+_CALLS = frozenset(c.value for c in SockCall)
+_PAYLOAD_MAX = SockcallEvent.payload.size
+_F_CONTINUED = 0x08
+
+
+def _items(raw: bytes, at: int, n: int) -> list:
+    """payload[] -> [(kind, call_off, body)], validated as probes.events.decode_items does."""
+    out = []
+    end = at + n
+    unpack = _ITEM.unpack_from
+    while at < end:
+        if end - at < 8:
+            raise ValueError(f"sockcall item header cut at payload byte {at - _HEAD.size} of {n}")
+        kind, _what, ln, off = unpack(raw, at)
+        at += 8
+        if kind not in _ITEM_KINDS:
+            raise ValueError(f"sockcall item of unknown kind {kind}")
+        if at + ln > end:
+            raise ValueError(f"sockcall item claims {ln} bytes, {end - at} left")
+        fixed = _FIXED_LEN.get(kind)
+        if fixed is not None and ln != fixed:
+            raise ValueError(f"sockcall item of kind {kind} and {ln} bytes, expected {fixed}")
+        out.append((kind, off, raw[at:at + ln]))
+        at += ln
+    return out
+
+
+def _walked_view(items: list, total: int) -> tuple[list, list]:
+    """(stream view from call offset 0, walked ranges) of a call's items: the same as
+    probes.sockcalls.WalkedCall.stream_view(0) / walked_ranges(), Gap as int, Skip as Skip."""
+    pieces = []
+    ranges = []
+    start = None
+    for kind, off, body in items:
+        if kind == _IT_BYTES:
+            pieces.append((off, body))
+        elif kind == _IT_KEYS:
+            if len(body) < _KEYS.size:
+                raise ValueError(f"sockcall KEYS item of {len(body)} bytes")
+            _scanned, _level, count, _pad, mask = _KEYS.unpack_from(body)
+            if len(body) != _KEYS.size + 8 * count:
+                raise ValueError(f"sockcall KEYS item of {len(body)} bytes for {count} keys")
+            at = _KEYS.size
+            if count and mask & ((1 << count) - 1) == (1 << count) - 1:
+                # the first `count` keys, all sampled (a frame of few keys): one piece
+                pieces.append((off, body[at:]))
+                continue
+            while mask and at < len(body):   # the k-th key at the k-th set bit's offset
+                low = mask & -mask
+                pieces.append((off + 8 * (low.bit_length() - 1), body[at:at + 8]))
+                mask ^= low
+                at += 8
+        elif kind == _IT_WALK_START or kind == _IT_WALK_END:
+            if body[4] not in _WALK_HOWS[kind]:
+                raise ValueError(f"sockcall walk mark of unknown reason {body[4]}")
+            if kind == _IT_WALK_START:
+                start = off
+            elif start is not None:
+                ranges.append((start, off))
+                start = None
+    if start is not None and start < total:
+        ranges.append((start, total))
+    walked = [(a, b) for a, b in ranges if b > a]
+    if len(pieces) > 1:
+        pieces.sort(key=_first)
+    out: list = []
+
+    def uncaptured(a: int, b: int) -> None:
+        # [a, b) holds no captured bytes: Skip where walked, Gap elsewhere
+        while a < b:
+            for s, e in walked:
+                if s <= a < e:
+                    end = min(b, e)
+                    out.append((a, Skip(end - a)))
+                    break
+            else:
+                end = b
+                for s, _e in walked:
+                    if a < s < end:
+                        end = s
+                out.append((a, end - a))
+            a = end
+
+    at = 0
+    for off, data in pieces:
+        if off < at or off + len(data) > total:
+            raise ValueError(f"sockcall pieces overlap or overrun the call at offset {off}")
+        if off > at:
+            uncaptured(at, off)
+        if out and type(out[-1][1]) is bytes and out[-1][0] + len(out[-1][1]) == off:
+            out[-1] = (out[-1][0], out[-1][1] + data)
+        else:
+            out.append((off, data))
+        at = off + len(data)
+    uncaptured(at, total)
+    return out, walked
+
+
+def _first(p):
+    return p[0]
+
+
 class SockcallAssembler:
     """sockcalls ring records -> Calls, for either payload format. "items": the
-    probe's own decoding (probes.sockcalls CallAssembler joins the records of a
-    call flagged CONTINUED; WalkedCall.stream_view gives pieces, skips inside
-    walked frame bodies and gaps; message_ends the ends and their RX times)."""
+    walker's items joined over the records of a call flagged CONTINUED (as
+    probes.sockcalls.CallAssembler: same thread, same entry time and socket),
+    unpacked here with struct (see _ITEM)."""
 
     def __init__(self, fmt: str):
         if fmt not in ("prefix", "items"):
             raise ValueError(f"unknown sockcall format {fmt!r}")
         self.format = fmt
-        self._calls = None
+        self._open: dict[int, tuple] = {}   # tid -> (enter ts, sk, first header, items)
         if fmt == "items":
             from agent.netrows import SchedHistory
-            from probes.sockcalls import CallAssembler
-            self._calls = CallAssembler()
             self._sched = SchedHistory()
 
     def feed(self, raw: bytes) -> Call | None:
         if self.format == "prefix":
             return call_of_sockcall(raw)
-        from probes.events import SockcallEvent
-        from probes.sockcalls import Gap
-
-        wc = self._calls.add(SockcallEvent.decode(raw))
-        if wc is None:
+        h = _head(raw)
+        pb = h[18]
+        if h[19] not in _CALLS:
+            raise ValueError(f"sockcall record has unknown call {h[19]}")
+        if pb > _PAYLOAD_MAX or _HEAD.size + pb > len(raw):
+            raise ValueError(f"sockcall record claims {pb} payload bytes but carries {len(raw) - _HEAD.size}")
+        tid = h[6]
+        opened = self._open.pop(tid, None)
+        if opened is not None and (opened[0], opened[1]) != (h[0], h[2]):
+            opened = None  # the rest of that call was lost (ring full): drop it
+        items = _items(raw, _HEAD.size, pb)
+        if opened is not None:
+            first, items = opened[2], opened[3] + items
+        else:
+            first = h
+        if h[20] & _F_CONTINUED:
+            self._open[tid] = (h[0], h[2], first, items)
             return None
-        total = wc.walkable_bytes
+        ret = first[4]
+        total = ret if ret > 0 and (first[10] - first[9]) & MASK32 == ret else 0
         if not total:
             return None
-        view: list = []
-        for off, x in wc.stream_view(0):
-            if isinstance(x, bytes):
-                view.append((off, x))
-            else:
-                view.append((off, int(x) if isinstance(x, Gap) else Skip(int(x))))
+        view, walked = _walked_view(items, total)
         ends: dict = {}
-        for e in wc.message_ends():
-            st = ends.setdefault(e.call_off, {})
-            if e.rx_times is not None and len(e.rx_times) >= _RX_TIMES.size:
-                nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(e.rx_times)
+        times: dict = {}
+        sched = []
+        window = None
+        for kind, off, body in items:
+            if kind == _IT_MSG_END:
+                ends.setdefault(off, {})
+            elif kind == _IT_RX_TIMES:
+                times[off] = body
+            elif kind == _ITEM_SCHED:
+                sched.append(body)
+            elif kind == _ITEM_WINDOW:
+                window = body
+        for off, st in ends.items():
+            rx = times.get(off)
+            if rx is not None and len(rx) >= _RX_TIMES.size:
+                nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(rx)
                 st.update(rx_stages(nic, netif, dr, flags))
-        c = _call(_head(raw), view, ends)
-        for it, body in wc.items:
-            if it.kind == _ITEM_SCHED:
-                c.sched = self._sched.snapshot(c.tid, c.exit_ts_ns, body)
-            elif it.kind == _ITEM_WINDOW:
-                c.window = body
+        c = _call(h, view, ends)
+        for body in sched:
+            c.sched = self._sched.snapshot(c.tid, c.exit_ts_ns, body)
+        c.window = window
         # the walker was not following frames at the call's end: a sync hint may help
         # (why it stopped is in the probe's counters: desyncs, stream_gaps, walk_aborted)
-        walked = wc.walked_ranges()
         c.kernel_unsynced = not walked or walked[-1][1] < total
         return c
 

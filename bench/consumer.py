@@ -1,0 +1,135 @@
+"""What the agent's user space costs per message: a recording of real events
+replayed through the live decoders and correlator (agent.daemon.replay), without
+root and without the job competing for the cores.
+
+    python -m bench.consumer FILE [--repeat 3]      replay cost of a recording
+    python -m bench.consumer --record FILE [--rate 200 --duration-s 15]   (root)
+
+Replay: each repeat runs in a fresh child process (peak RSS is per process), and
+prints CPU seconds (user + system of the replay loop), messages out, CPU per
+message and peak RSS. The last line is JSON: {"cpu_us_per_message", "events_per_message",
+"peak_rss_mb", "messages", "events", "runs": [...]} (medians over the repeats).
+
+Record: a psbench job (--servers x --workers, open loop at --rate requests/s per
+worker, 0 = closed loop) on the loopback of a network namespace made for it,
+traced by one `pslat agent --record` with every probe (tests/data/agent/record.py
+uses the same path for the unit tests' recordings).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- recording
+
+def pyzmq_libzmq() -> Path:
+    """The libzmq pyzmq loads (psbench's framework library)."""
+    import zmq
+    libs = sorted(Path(zmq.__file__).parent.parent.glob("pyzmq.libs/libzmq*.so*"))
+    if not libs:
+        raise SystemExit("pyzmq ships no bundled libzmq here; pass the libzmq the job loads")
+    return libs[0]
+
+
+def record(rec: Path, psbench_args: list[str], agent_flags: list[str] = (), out: Path | None = None,
+           psbench_out: Path | None = None, log=None) -> Path:
+    """A psbench job in a fresh namespace's loopback, traced by `pslat agent --record rec`.
+    Returns the agent's --out dir (out, or a temporary one the caller removes)."""
+    from agent.child import AgentProcess
+
+    log = log or (lambda m: print(m, file=sys.stderr))
+    ns = f"pslat-rec-{os.getpid()}"
+    work = Path(tempfile.mkdtemp(prefix="pslat-consumer-rec-"))
+    out = Path(out) if out else work / "out"
+    psbench_out = Path(psbench_out) if psbench_out else work / "ps"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        with AgentProcess(out, ["--netns", ns, "--lib", str(pyzmq_libzmq()), "--record", str(rec),
+                                *agent_flags], echo=log) as agent:
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "agent.cli", "psbench", "run",
+                            "--out", str(psbench_out), *psbench_args], cwd=ROOT, check=True,
+                           stdout=subprocess.DEVNULL)
+            if agent.stop() != 0:
+                raise SystemExit(f"the agent failed: {agent.log_tail()}")
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+    return out
+
+
+# ---------------------------------------------------------------- replay
+
+def replay_once(path: Path) -> dict:
+    """One replay in this process: its CPU, messages out and peak RSS."""
+    from agent.daemon import replay
+
+    with tempfile.TemporaryDirectory(prefix="pslat-consumer-") as tmp:
+        # the whole replay, shard writing included (the live agent writes them too)
+        c0 = time.process_time()
+        pipeline, wall_s = replay(Path(path), Path(tmp))
+        cpu_s = time.process_time() - c0
+        events = sum(pipeline.events.values())
+        msgs = sum(pipeline.rows.values())
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"cpu_s": round(cpu_s, 3), "wall_s": round(wall_s, 3), "events": events,
+            "messages": msgs, "cpu_us_per_message": round(cpu_s * 1e6 / max(msgs, 1), 2),
+            "events_per_message": round(events / max(msgs, 1), 2), "peak_rss_mb": round(rss_mb, 1)}
+
+
+def replay_in_child(path: Path, python: str = sys.executable, cwd: Path = ROOT) -> dict:
+    """replay_once in a fresh interpreter (of another tree too: cwd), for a clean peak RSS."""
+    code = ("import json,sys; from bench.consumer import replay_once; "
+            "print(json.dumps(replay_once(sys.argv[1])))")
+    got = subprocess.run([python, "-c", code, str(Path(path).resolve())], cwd=cwd, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(cwd)})
+    if got.returncode != 0:
+        raise RuntimeError(f"replay of {path} failed: {got.stderr[-2000:]}")
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def summary(runs: list[dict]) -> dict:
+    med = {k: statistics.median(r[k] for r in runs)
+           for k in ("cpu_us_per_message", "peak_rss_mb", "cpu_s", "wall_s")}
+    return {**med, "messages": runs[0]["messages"], "events": runs[0]["events"],
+            "events_per_message": runs[0]["events_per_message"], "runs": runs}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.consumer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("file", type=Path, help="a recording (`pslat agent --record`)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--record", action="store_true", help="make FILE (root): psbench traced with --record")
+    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=200.0, help="requests/s per worker (0: closed loop)")
+    ap.add_argument("--duration-s", type=float, default=15.0)
+    a = ap.parse_args(argv)
+    if a.record:
+        out = record(a.file, ["--servers", str(a.servers), "--workers", str(a.workers),
+                              "--duration-s", str(a.duration_s), "--rate", str(a.rate)])
+        shutil.rmtree(out.parent, ignore_errors=True)
+        print(json.dumps({"recording": str(a.file), "bytes": a.file.stat().st_size}))
+        return
+    runs = []
+    for i in range(a.repeat):
+        r = replay_in_child(a.file)
+        print(f"run {i}: {r['messages']} messages, {r['events']} events, {r['cpu_s']} s CPU, "
+              f"{r['cpu_us_per_message']} us/message, peak RSS {r['peak_rss_mb']} MB", file=sys.stderr)
+        runs.append(r)
+    print(json.dumps(summary(runs)))
+
+
+if __name__ == "__main__":
+    main()
