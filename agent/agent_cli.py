@@ -35,24 +35,39 @@ def agent(
     listen: Optional[str] = typer.Option(None, "--listen", help="serve live aggregates on ADDR:PORT over "
                                          "HTTP: /metrics (Prometheus) and /snapshot.json (pslat top); "
                                          "e.g. 127.0.0.1:9465", rich_help_panel="Output"),
+    test_clock_skew: List[str] = typer.Option(
+        [], "--test-clock-skew", rich_help_panel="For tests",
+        help="FOR TESTS ONLY: write HOST's times as a clock OFFSET_US ahead, drifting DRIFT_PPM, would "
+             "(HOST:OFFSET_US:DRIFT_PPM, repeat); marked in its meta.json, to check the report's clock alignment"),
+    sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="trace this share R (0 < R <= 1) "
+                                                "of host pairs, fixed (default: all, fewer when the agent "
+                                                "cannot keep up)", rich_help_panel="Filters"),
+    ring_pages: Optional[int] = typer.Option(None, "--ring-pages", hidden=True,
+                                             help="kernel ring buffers' size in pages (tests: flood the agent)"),
 ) -> None:
     """Trace every ps-lite message of the selected processes, with its per-stage times."""
     from agent.daemon import AgentOptions, replay as do_replay, run_live
 
     if duration is not None and duration <= 0:
         raise UserError(f"--duration {duration:g}: give a positive number of seconds")
+    if sample_rate is not None and not 0 < sample_rate <= 1:
+        raise UserError(f"--sample-rate {sample_rate:g}: give the share of host pairs to trace, 0 < R <= 1 "
+                        "(e.g. 0.25), or leave it out to let the agent shed load when it must")
+    overrides = {} if ring_pages is None else {"SOCKCALLS_RING_PAGES": ring_pages, "NS_RING_PAGES": ring_pages}
     if listen is not None:
         from agent.http import parse_listen
         parse_listen(listen)   # a bad address fails before any probe is compiled
     if replay is not None:
-        if pid or comm or netns or port or lib or record or print_bpf or listen:
-            raise UserError("--replay decodes what a recording holds; leave out the filters, --record, --listen and --print-bpf")
+        if pid or comm or netns or port or lib or record or print_bpf or listen or sample_rate is not None:
+            raise UserError("--replay decodes what a recording holds; leave out the filters, --record, --listen, "
+                            "--sample-rate and --print-bpf")
         pipeline, elapsed = do_replay(replay, out)
         n = sum(pipeline.events.values())
         rows = ", ".join(f"{h}: {k} messages" for h, k in sorted(pipeline.rows.items())) or "no messages"
         typer.echo(f"replayed {n} events in {elapsed:.2f} s ({n / max(elapsed, 1e-9):,.0f} events/s); {rows}; "
                    f"run dirs in {out}", err=True)
         return
-    run_live(AgentOptions(out=out, pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
+    run_live(AgentOptions(out=out, test_clock_skews=tuple(test_clock_skew), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
                           ports=tuple(port), host_id=host_id, duration_s=duration, record=record,
-                          libs=tuple(lib), print_bpf=print_bpf, netstack=netstack, listen=listen))
+                          libs=tuple(lib), print_bpf=print_bpf, netstack=netstack, listen=listen,
+                          sample_rate=sample_rate, overrides=overrides))

@@ -180,6 +180,7 @@ class Correlator:
         self.tx_times = TxTimes()
         self.watermarked = False   # advance() was called: event timestamps no longer move time
         self.connections: Connections | None = None
+        self.shed_judge = None   # agent.shedding.FrameworkShedJudge while the probes shed host pairs
         self._next_prune = 0
 
     # -- input ------------------------------------------------------------------
@@ -213,6 +214,9 @@ class Correlator:
         peer_id = node_id_of_identity(fm.peer) if fm.peer else None
         if fm.layer == "ps":
             peer_id = meta.sender if not tx else meta.recver
+        if self.shed_judge is not None and self.shed_judge.drop_now(fm, tx, peer_id, self.now_ns):
+            self.counters["framework_shed"] += 1   # its host pair is not sampled: no wire message comes
+            return
         head_keys: tuple = ()
         if len(heads) >= 2 and len(heads[1]) >= 8 and sizes and sizes[1] % 8 == 0:
             n = min(len(heads[1]), sizes[1]) // 8
@@ -394,7 +398,8 @@ class Correlator:
             keep_f = []
             for f in fs:
                 if final or now - f.added_ns >= HOLD_NS:
-                    self.counters["framework_unmatched"] += 1
+                    shed = self.shed_judge is not None and self.shed_judge.shed(f.fm, f.key[1], f.peer_id, now)
+                    self.counters["framework_shed" if shed else "framework_unmatched"] += 1
                 else:
                     keep_f.append(f)
                     oldest = f.added_ns if oldest is None else min(oldest, f.added_ns)

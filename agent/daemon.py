@@ -74,6 +74,8 @@ class Pipeline:
         self.probe_counters: dict[str, dict[str, int]] = {}
         self.cpu_s = 0.0
         self.live = None   # agent.live.LiveAggregates fed with every row, watermark and counter tick
+        from agent.shedding import SamplingRecord
+        self.sampling = SamplingRecord(self.meta, self.correlator)   # from the agent's notes
         for h in hosts:
             self._writer(h)
 
@@ -113,6 +115,8 @@ class Pipeline:
                 self.live.advance(int(note["watermark_ns"]))
         if "netns" in note and "host" in note:
             self.host_map.set(int(note["netns"]), str(note["host"]))
+        if "sampling" in note:
+            self.sampling.on_note(note["sampling"], self.live)
 
     def _emit(self, netns_ino: int, row: dict) -> None:
         host = row["host_id"]
@@ -166,6 +170,7 @@ class Pipeline:
 
     def close(self) -> None:
         self.correlator.close()
+        self.sampling.finish(self.correlator.now_ns)
         for host, w in self.writers.items():
             w.meta["counters"].update(self._host_counters(host))
             w.close()
@@ -188,6 +193,7 @@ class AgentOptions:
     netstack: bool = True
     overrides: dict = field(default_factory=dict)
     listen: str | None = None   # ADDR:PORT of the live HTTP endpoint (agent.http)
+    sample_rate: float | None = None   # share of host pairs kept; None: adapted (agent.shedding)
 
 
 def check_prerequisites() -> None:
@@ -203,11 +209,12 @@ def check_prerequisites() -> None:
 
 
 def _selection(o: AgentOptions) -> Selection:
-    from probes.filters import Filters
+    from probes.filters import Filters, shed_units_of
 
     f = Filters.build(pids=o.pids, comms=o.comms, ports=o.ports, netns=o.netns)
     return Selection(pids=f.tgids, comms=f.comms, netns_inos=f.netns_inos, ports=f.ports,
-                     libs=tuple(Path(p) for p in o.libs))
+                     libs=tuple(Path(p) for p in o.libs),
+                     shed_units=shed_units_of(o.sample_rate) if o.sample_rate is not None else 0)
 
 
 def base_meta(sel: Selection, host_map: HostMap, config: dict) -> dict:
@@ -292,6 +299,10 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         # can take seconds (the backlog of the compile time, while the job runs on)
         # and must not expire what the other ring still holds.
         sink(NOTE_PROBE, b'{"watermark_ns": %d}' % attached_ns)
+        import json
+        from agent.shedding import Shedder, SheddingLoop
+        shedding = SheddingLoop(Shedder(o.sample_rate, attached_ns), live.program.bpf,
+                                lambda note: sink(NOTE_PROBE, json.dumps(note).encode()), pipeline.sampling)
         log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
             f"{live.program.compile_s + live.program.attach_s:.1f} s); Ctrl-C to stop")
         deadline = time.monotonic() + o.duration_s if o.duration_s else None
@@ -301,6 +312,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
             c0 = time.thread_time()
             watermark = time.monotonic_ns()   # everything before it is in the rings now
             emptied = live.drain()
+            shedding.drained(time.monotonic_ns() / 1e9 - watermark / 1e9)
             if emptied:   # else older events are still in the rings: no watermark yet
                 sink(NOTE_PROBE, b'{"watermark_ns": %d}' % watermark)
             live.rescan()
@@ -312,6 +324,9 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
                 next_counters = now + COUNTERS_INTERVAL_S
                 counters = live.counters()
                 pipeline.set_probe_counters(counters)
+                rate = shedding.tick(counters, sum(pipeline.events.values()), time.monotonic_ns())
+                if rate is not None:
+                    log(f"sampling {100 * rate:.3g}% of host pairs (load shedding)")
                 for probe, c in counters.items():
                     lost = c.get("lost", 0)
                     if lost > lost_seen.get(probe, 0):

@@ -209,7 +209,7 @@ class LiveAggregates:
         self.accepts: Counter = Counter()
         self.handshake: dict[str, Hist] = {}
         self.probes: dict[str, dict[str, int]] = {}
-        self.sampling_rate = 1.0                    # the agent keeps every host pair (no shedding yet)
+        self.sampling_rate = 1.0                    # share of host pairs traced (agent.shedding sets it)
         self.started = time.monotonic()
         self._rate_mark: tuple[float, int, float] | None = None  # (wall, events, cpu) at the last tick
         self.events_total = 0

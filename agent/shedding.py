@@ -1,0 +1,318 @@
+"""Load shedding: which share of host pairs the agent traces, and why (DESIGN.md "Sampling").
+
+    shedder = Shedder(fixed_rate=None, now_ns=t)          # adaptive; Shedder(0.5, t): fixed
+    new_units = shedder.observe(IntervalStats(...))        # the rule below, once per interval
+    loop = SheddingLoop(shedder, bpf, announce, record)    # the agent loop's side: measure,
+    loop.drained(s); loop.tick(counters, consumed, now)    # write the map, announce each rate
+
+Every rate goes out as an agent note {"sampling": {"ts_ns", "rate", "mode"}}, so
+a recording replays it: SamplingRecord (the pipeline's) turns the notes into
+meta["sampling"] = {"rate", "history": [[ts_ns, rate], ...], "mode",
+"effective_rate", "shed"} and into the correlator's FrameworkShedJudge.
+
+The probes keep a host pair when the 16-bit hash of its unordered address pair
+is at or above the share shed (probes/common.bpf.h; probes.filters mirrors the
+hash). A lower rate sheds a superset of what a higher one shed.
+
+The adaptive rule works on the consumer's utilisation u = P / C, once per
+interval: P is what the probes produced (events per second, lost ones
+included), C what the consumer can take (events it consumed per second it was
+busy draining: decoding and correlating happen inside the drain). Kernel
+events (sockcalls, netstack) scale with the rate; framework events do not (the
+uprobes see no addresses; user space drops those of unsampled pairs), so
+P(r') = F + K * r'/r.
+- Too much (u > U_HIGH, or events lost in the interval): the rate goes at once
+  to the one whose predicted u is U_TARGET (at most halving on losses alone
+  when the model sees no excess: a ring that overflowed was behind anyway).
+- Room (no loss, u below U_TARGET at the raised rate) for CALM_INTERVALS in
+  a row: the rate rises by RAISE_FACTOR (slowly: a rise that overshoots
+  loses events before the next look).
+- After a cut, COOLDOWN_INTERVALS go by before another cut on losses alone:
+  the rings still hold the backlog of the old rate.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from probes.filters import SAMPLE_UNITS, pair_hash16, rate_of, shed_units_of
+
+U_HIGH = 0.9             # consumer busy above this share of the time: cut
+U_TARGET = 0.7           # what a cut aims at, and a rise must stay under
+CALM_INTERVALS = 5
+RAISE_FACTOR = 1.25
+COOLDOWN_INTERVALS = 2
+MIN_KEEP_UNITS = SAMPLE_UNITS // 1024     # never below 1/1024 of the host pairs
+MIN_EVENTS_FOR_CAPACITY = 500             # fewer consumed events say little about C
+KERNEL_PROBES = ("sockcalls", "netstack")
+
+
+@dataclass
+class IntervalStats:
+    """What one interval of the agent loop saw."""
+    now_ns: int
+    interval_s: float
+    produced: dict[str, int]     # probe -> events produced (seen + lost) in the interval
+    lost: int                    # events lost in the interval, every probe
+    consumed: int                # events the consumer took
+    busy_s: float                # wall seconds spent draining (decode + correlate included)
+
+
+def produced_by_probe(counters: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Cumulative events produced per probe, from the probes' counters."""
+    out = {}
+    for p, c in counters.items():
+        # the kernel probes' `seen` counts delivered + lost; the framework's only submitted ones
+        out[p] = int(c.get("seen", 0)) + (int(c.get("lost", 0)) if p == "framework" else 0)
+    return out
+
+
+class Shedder:
+    """The share of host pairs kept: fixed, or adapted to the consumer (module docstring)."""
+
+    def __init__(self, fixed_rate: float | None, now_ns: int):
+        self.mode = "adaptive" if fixed_rate is None else "fixed"
+        self.shed_units = 0 if fixed_rate is None else shed_units_of(fixed_rate)
+        self.history: list[list] = [[int(now_ns), self.rate]]
+        self._calm = 0
+        self._cooldown = 0
+        self.last_u: float | None = None
+
+    @property
+    def rate(self) -> float:
+        return rate_of(self.shed_units)
+
+    def _set(self, rate: float, now_ns: int) -> int | None:
+        keep = min(SAMPLE_UNITS, max(MIN_KEEP_UNITS, round(rate * SAMPLE_UNITS)))
+        units = SAMPLE_UNITS - keep
+        if units == self.shed_units:
+            return None
+        self.shed_units = units
+        self.history.append([int(now_ns), self.rate])
+        return units
+
+    def observe(self, st: IntervalStats) -> int | None:
+        """One interval's figures in; the new share shed (1/SAMPLE_UNITS) when it changed."""
+        if self.mode == "fixed" or st.interval_s <= 0:
+            return None
+        total = sum(st.produced.values())
+        kernel = sum(v for p, v in st.produced.items() if p in KERNEL_PROBES)
+        busy = st.busy_s / st.interval_s
+        if st.consumed >= MIN_EVENTS_FOR_CAPACITY and st.busy_s > 0:
+            capacity = st.consumed / st.busy_s           # events per busy second
+            u = total / st.interval_s / capacity
+        else:
+            capacity, u = None, busy
+        self.last_u = u
+        if self._cooldown:
+            self._cooldown -= 1
+        rate = self.rate
+        over = u > U_HIGH
+        if over or (st.lost and not self._cooldown):
+            self._calm = 0
+            target = rate / 2
+            if over and capacity is not None and kernel > 0:
+                # F + K * r'/r = U_TARGET * C  (per second)
+                room = U_TARGET * capacity * st.interval_s - (total - kernel)
+                target = min(rate * room / kernel, rate * 0.9)
+            if st.lost:
+                target = min(target, rate / 2)
+            self._cooldown = COOLDOWN_INTERVALS
+            return self._set(target, st.now_ns)
+        if st.lost:
+            self._calm = 0
+            return None
+        self._calm += 1
+        if self._calm < CALM_INTERVALS or rate >= 1.0:
+            return None
+        raised = min(1.0, rate * RAISE_FACTOR)
+        predicted = u * ((total - kernel) + kernel * raised / rate) / total if total else 0.0
+        if predicted >= U_TARGET:
+            return None
+        self._calm = 0
+        return self._set(raised, st.now_ns)
+
+
+def effective_rate(history: list, end_ns: int) -> float:
+    """The time-weighted mean rate from the first entry to end_ns: with steady traffic,
+    recorded counts / this = the traffic's counts."""
+    if not history:
+        return 1.0
+    start = history[0][0]
+    if end_ns <= start:
+        return float(history[-1][1])
+    total = 0.0
+    for (t, r), nxt in zip(history, history[1:] + [[end_ns, None]]):
+        a, b = max(t, start), min(nxt[0], end_ns)
+        if b > a:
+            total += r * (b - a)
+    return total / (end_ns - start)
+
+
+class ShedUnits:
+    """The share shed over time, from a Shedder's history (CLOCK_MONOTONIC ns)."""
+
+    def __init__(self, history: list):
+        self.history = history
+
+    def between(self, t0_ns: int, t1_ns: int) -> tuple[int, int]:
+        """(least, most) units shed at any time in [t0, t1]."""
+        h = self.history
+        times = [t for t, _ in h]
+        i = max(0, bisect.bisect_right(times, t0_ns) - 1)
+        j = max(i, bisect.bisect_right(times, t1_ns) - 1)
+        units = [SAMPLE_UNITS - round(r * SAMPLE_UNITS) for _, r in h[i:j + 1]]
+        return min(units), max(units)
+
+
+SLACK_NS = 100_000_000   # a framework call and its syscalls may straddle a rate change this far apart
+
+
+class FrameworkShedJudge:
+    """Tells the correlator which framework records belong to host pairs the probes shed.
+
+    A framework record carries no addresses: its pair is (this process's address,
+    the peer node's address), both learnt from the sampled traffic (the
+    correlator's Identities: endpoints of each process, node ids of endpoints and
+    of ADD_NODE's table). Unresolved while the probes shed, an unmatched record
+    is taken as shed too (its pair was never seen, which shedding explains)."""
+
+    def __init__(self, ids, history: list, rescan_ns: int = 1_000_000_000):
+        self.ids = ids
+        self.units = ShedUnits(history)
+        self._ip_of_tgid: dict[int, str] = {}
+        self._ip_of_node: dict[int, str] = {}
+        self._rescan_ns = rescan_ns
+        self._next_scan = 0
+        self.unresolved = 0
+
+    def _scan(self, now_ns: int) -> None:
+        if now_ns < self._next_scan:
+            return
+        self._next_scan = now_ns + self._rescan_ns
+        ids = self.ids
+        for (ip, _port), tgid in list(ids.tgid_of_endpoint.items()):
+            self._ip_of_tgid.setdefault(tgid, ip)
+            node = ids.node_of_tgid.get(tgid)
+            if node is not None:
+                self._ip_of_node.setdefault(node, ip)
+        for (_pair, (ip, _port)), node in list(ids.sender_of.items()):
+            self._ip_of_node.setdefault(node, ip)
+        for (host, _port), node in list(ids.node_of_addr.items()):
+            self._ip_of_node.setdefault(node, host)
+
+    def _pair_h16(self, tgid: int, peer_node: int | None, now_ns: int) -> int | None:
+        for attempt in (0, 1):
+            local = self._ip_of_tgid.get(tgid)
+            peer = self._ip_of_node.get(peer_node) if peer_node is not None else None
+            if local is not None and peer is not None:
+                try:
+                    return pair_hash16(local, peer)
+                except ValueError:   # a hostname, not an address
+                    return None
+            if attempt == 0:
+                self._scan(now_ns)
+        return None
+
+    @staticmethod
+    def peer_node(fm, tx: bool, peer_id: int | None) -> int | None:
+        """The node at the other end: the routing id (ROUTER side), else the meta's ids."""
+        if peer_id is not None:
+            return peer_id
+        meta = fm.meta
+        return getattr(meta, "recver" if tx else "sender", None)
+
+    def drop_now(self, fm, tx: bool, peer_id: int | None, now_ns: int) -> bool:
+        """On arrival: its pair is known and was shed all the time from ts - SLACK to now."""
+        ts = fm.ret_ts_ns
+        least, most = self.units.between(ts - SLACK_NS, max(ts, now_ns))
+        if least == 0:
+            return False
+        h = self._pair_h16(fm.tgid, self.peer_node(fm, tx, peer_id), now_ns)
+        return h is not None and h < least
+
+    def shed(self, fm, tx: bool, peer_id: int | None, now_ns: int) -> bool:
+        """At expiry, unmatched: was its pair shed around ts (or not resolvable while shedding)?"""
+        ts = fm.ret_ts_ns
+        _least, most = self.units.between(ts - SLACK_NS, ts + SLACK_NS)
+        if most == 0:
+            return False
+        h = self._pair_h16(fm.tgid, self.peer_node(fm, tx, peer_id), now_ns)
+        if h is None:
+            self.unresolved += 1
+            return True
+        return h < most
+
+
+class SamplingRecord:
+    """The sampling a pipeline saw, from the agent's notes (live and replay alike):
+    meta["sampling"] kept current in place, the correlator's judge, the live gauge."""
+
+    def __init__(self, meta: dict, correlator):
+        self.history: list[list] = []
+        self.meta = meta.setdefault("sampling", {})
+        self.correlator = correlator
+
+    def on_note(self, note: dict, live=None) -> None:
+        ts, rate = int(note["ts_ns"]), float(note["rate"])
+        if self.history and ts < self.history[-1][0]:
+            ts = self.history[-1][0]
+        self.history.append([ts, rate])
+        self.meta.update({"rate": rate, "history": self.history, "mode": note.get("mode", "adaptive"),
+                          "units": SAMPLE_UNITS})
+        if self.correlator.shed_judge is None and rate < 1.0:
+            self.correlator.shed_judge = FrameworkShedJudge(self.correlator.ids, self.history)
+        if live is not None:
+            live.sampling_rate = rate
+
+    def set_shed(self, counts: dict[str, int]) -> None:
+        """What the probes shed so far (probes.filters.shed_counts)."""
+        self.meta["shed"] = dict(counts)
+
+    def finish(self, end_ns: int) -> None:
+        if self.history:
+            self.meta["effective_rate"] = effective_rate(self.history, end_ns)
+        judge = self.correlator.shed_judge
+        if judge is not None:
+            self.meta["framework_shed_unresolved"] = judge.unresolved
+
+
+class SheddingLoop:
+    """The agent loop's side of shedding: measures each interval, asks the Shedder,
+    writes the probes' map and announces every rate as a note (recorded, replayed)."""
+
+    def __init__(self, shedder: Shedder, bpf, announce, record: SamplingRecord):
+        self.shedder = shedder
+        self.bpf = bpf
+        self.announce = announce          # note dict -> the pipeline (and the recording)
+        self.record = record
+        self._busy_s = 0.0
+        self._mark: tuple[int, dict, int, int] | None = None   # (ns, produced, lost, consumed)
+        self._say(shedder.history[-1][0])
+
+    def _say(self, ts_ns: int) -> None:
+        self.announce({"sampling": {"ts_ns": ts_ns, "rate": self.shedder.rate, "mode": self.shedder.mode}})
+
+    def drained(self, seconds: float) -> None:
+        self._busy_s += seconds
+
+    def tick(self, counters: dict[str, dict[str, int]], consumed_total: int, now_ns: int) -> float | None:
+        """Once per counters interval; the new rate when it changed."""
+        from probes.filters import shed_counts, write_shed_units
+
+        self.record.set_shed(shed_counts(self.bpf))
+        produced = produced_by_probe(counters)
+        lost = sum(int(c.get("lost", 0)) for c in counters.values())
+        mark, self._mark = self._mark, (now_ns, produced, lost, consumed_total)
+        busy, self._busy_s = self._busy_s, 0.0
+        if mark is None:
+            return None
+        st = IntervalStats(now_ns=now_ns, interval_s=(now_ns - mark[0]) / 1e9,
+                           produced={p: v - mark[1].get(p, 0) for p, v in produced.items()},
+                           lost=lost - mark[2], consumed=consumed_total - mark[3], busy_s=busy)
+        units = self.shedder.observe(st)
+        if units is None:
+            return None
+        write_shed_units(self.bpf, units)
+        self._say(now_ns)
+        return self.shedder.rate
