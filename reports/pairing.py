@@ -98,14 +98,22 @@ def pair_ends(m: pd.DataFrame) -> tuple[pd.DataFrame, EndStats]:
     stats.refused = int(bad.sum())
     tr, rr = tr[~bad], rr[~bad]
     stats.paired = len(tr)
-    tx_only = np.setdiff1d(np.flatnonzero(is_tx), tr)
-    rx_only = np.setdiff1d(np.flatnonzero(is_rx), rr)
+    tx_only = _unpaired(is_tx, tr)
+    rx_only = _unpaired(is_rx, rr)
     stats.tx_only, stats.rx_only = len(tx_only), len(rx_only)
     none_t = np.full(len(rx_only), -1)
     none_r = np.full(len(tx_only), -1)
     tx_idx = np.concatenate([tr, tx_only, none_t])
     rx_idx = np.concatenate([rr, none_r, rx_only])
     return _gather(m, tx_idx, rx_idx), stats
+
+
+def _unpaired(is_side: np.ndarray, paired: np.ndarray) -> np.ndarray:
+    """Rows of one side (ascending) not among `paired`: a mask, not np.setdiff1d, which
+    hashes both arrays (10 s for 4M rows)."""
+    left = is_side.copy()
+    left[paired] = False
+    return np.flatnonzero(left)
 
 
 def _take(m: pd.DataFrame, idx: np.ndarray, cols: list[str]) -> pd.DataFrame:
