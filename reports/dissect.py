@@ -193,7 +193,8 @@ def _null_reasons(req: pd.DataFrame, fold: str) -> str:
 def _sampling_rate(loaded: Loaded) -> float | None:
     rates = []
     for h in loaded.hosts:
-        r = (h.meta.get("sampling") or {}).get("rate") if isinstance(h.meta.get("sampling"), dict) else None
+        s = h.meta.get("sampling") if isinstance(h.meta.get("sampling"), dict) else {}
+        r = s.get("effective_rate", s.get("rate"))   # the run's time-weighted rate (agent.shedding)
         if isinstance(r, (int, float)) and 0 < r < 1:
             rates.append(float(r))
     return min(rates) if rates else None

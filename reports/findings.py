@@ -231,8 +231,8 @@ def health_findings(m: dict) -> list[str]:
         out.append("Unparsed bytes on traced connections (not ps-lite, damaged, or cut by lost events): "
                    + ", ".join(unparsed) + ".")
     if m.get("sampling_rate"):
-        out.append(f"The agents sampled host pairs at rate {m['sampling_rate']:g}: counts cover the sampled "
-                   "traffic only.")
+        out.append(f"sampled: {100 * m['sampling_rate']:.3g}% of host pairs; counts scaled in the summary "
+                   "(latency distributions are those of the sampled pairs).")
     unal = m["timeline"]["unaligned"]
     if unal:
         out.append(f"Hosts {', '.join(unal)} have no clock relation to {m['timeline']['ref']}: their times "

@@ -107,6 +107,10 @@ class SummaryView:
                             f"{u['requests_without_response']:,}, responses without request "
                             f"{u['messages_without_request']:,}, messages without ids "
                             f"{u['messages_unparsed']:,}")
+        smp = s.get("sampling") or {}
+        if smp.get("scaled"):
+            yield Text(f"sampled: {100 * smp['rate']:.3g}% of host pairs; counts scaled "
+                       f"(x{1 / smp['rate']:.3g}; {s['sampled_requests']:,} requests recorded)", style="bold")
         if s["clock"]:
             yield clock_table(s["clock"])
         for op, o in s["by_op"].items():

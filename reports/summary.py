@@ -74,10 +74,28 @@ def negatives(df: pd.DataFrame) -> dict[str, int]:
     return out
 
 
+def scaled(s: dict[str, Any], rate: float | None) -> dict[str, Any]:
+    """Counts of the sampled host pairs -> the traffic's (x 1/rate), and a "sampling" entry
+    saying so; "sampled_requests" keeps the count as recorded."""
+    s["sampling"] = {"rate": rate or 1.0, "scaled": rate is not None}
+    s["sampled_requests"] = s["requests"]
+    if rate is None:
+        return s
+    k = 1.0 / rate
+    s["requests"] = round(s["requests"] * k)
+    for o in s["by_op"].values():
+        o["count"] = round(o["count"] * k)
+        o["counts"] = {c: round(n * k) for c, n in o["counts"].items()}
+        for by in (o["by_server"], o["by_worker"]):
+            for b in by.values():
+                b["count"] = round(b["count"] * k)
+    return s
+
+
 def summary(d: Dissection) -> dict[str, Any]:
     done = d.complete
     ops = sorted(done["op"].dropna().unique(), key=lambda o: (o not in ("pull", "push"), o))
-    return {
+    return scaled({
         "requests": int(d.stats.requests),
         "unmatched": {"requests_without_response": int(d.stats.requests_without_response),
                       "messages_without_request": int(d.stats.messages_without_request),
@@ -90,4 +108,4 @@ def summary(d: Dissection) -> dict[str, Any]:
         "sampling_rate": d.sampling_rate,
         "notes": list(d.notes),
         "problems": list(d.problems),
-    }
+    }, d.sampling_rate)
