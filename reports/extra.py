@@ -119,7 +119,9 @@ class RunContext:
                 cols = [t.column(c) if c in t.column_names else pa.nulls(len(t)) for c in columns]
                 t = pa.table(cols, names=columns)
                 if "host_id" in columns:   # one run dir is one host
-                    t = t.filter(pc.equal(t.column("host_id").cast(pa.string()), host))
+                    mine = pc.fill_null(pc.equal(t.column("host_id").cast(pa.string()), host), False)
+                    if not pc.all(mine).as_py():   # a filter copies every column (key samples)
+                        t = t.filter(mine)
                 parts.append(t)
         if not parts:
             return pa.table({c: pa.nulls(0) for c in columns})

@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -52,16 +53,17 @@ COLUMNS = ["host_id", "direction", "request", "control", "op", "sender", "num_ke
 _U64 = float(2**64)
 
 
-def request_messages(t: pa.Table) -> pa.Table:
-    """Each request message once: its sender's row (tx), else its receiver's (rx) when the
-    sender's host was not traced (its address is no traced host's)."""
-    data = pc.and_(pc.equal(t["control"], False), pc.equal(t["request"], True))
-    t = t.filter(pc.fill_null(data, False))
-    traced = pc.unique(t["local_ip"].cast(pa.string()))
-    tx = pc.equal(t["direction"].cast(pa.string()), "tx")
-    rx_untraced = pc.and_(pc.equal(t["direction"].cast(pa.string()), "rx"),
+def request_messages(t: pa.Table) -> pa.ChunkedArray:
+    """Rows of each request message once (a mask): its sender's row (tx), else its receiver's
+    (rx) when the sender's host was not traced (its address is no traced host's). A mask
+    rather than the rows: the key samples are copied once, by each op's filter."""
+    data = pc.fill_null(pc.and_(pc.equal(t["control"], False), pc.equal(t["request"], True)), False)
+    traced = pc.unique(t["local_ip"].filter(data).cast(pa.string()))
+    direction = t["direction"].cast(pa.string())
+    tx = pc.equal(direction, "tx")
+    rx_untraced = pc.and_(pc.equal(direction, "rx"),
                           pc.invert(pc.is_in(t["remote_ip"].cast(pa.string()), value_set=traced)))
-    return t.filter(pc.fill_null(pc.or_(tx, rx_untraced), False))
+    return pc.and_(data, pc.fill_null(pc.or_(tx, rx_untraced), False))
 
 
 def _thresholds(offsets: np.ndarray, hashes: np.ndarray, num_keys: np.ndarray) -> np.ndarray:
@@ -109,14 +111,16 @@ def op_skew(t: pa.Table) -> dict[str, Any] | None:
     def cover(h: np.ndarray) -> np.ndarray:   # share of messages whose tau >= h
         return (m - np.searchsorted(tau_sorted, h, side="left")) / m
 
-    uk, inv, seen = np.unique(keys, return_inverse=True, return_counts=True)
+    # factorize (hashing) rather than np.unique (sorting 16 keys per message): the same sorted keys
+    inv, uk = pd.factorize(keys, sort=True)
+    seen = np.bincount(inv, minlength=len(uk))
     uh = key_hash(uk).astype(np.float64)
     cov = cover(uh)
     est = np.where(cov > 0, seen / np.maximum(cov, 1e-300), 0.0) * (n_all / m)
     # workers per key: distinct (key, sender) pairs
     snd = np.repeat(np.nan_to_num(sender.astype(np.float64), nan=-1).astype(np.int64), np.diff(offsets))
-    snd_codes = np.unique(snd, return_inverse=True)[1]
-    pairs = np.unique(inv.astype(np.int64) * (int(snd_codes.max(initial=0)) + 1) + snd_codes)
+    snd_codes = pd.factorize(snd, sort=True)[0]
+    pairs = pd.unique(inv.astype(np.int64) * (int(snd_codes.max(initial=0)) + 1) + snd_codes)
     workers = np.bincount(pairs // (int(snd_codes.max(initial=0)) + 1), minlength=len(uk))
     # the uniform subset: hashes covered by at least COVER_MIN of the messages
     finite = tau_sorted[np.isfinite(tau_sorted)]
@@ -189,10 +193,10 @@ def key_skew(ctx) -> dict[str, Any]:
     t = ctx.arrow("messages", COLUMNS)
     if len(t) == 0:
         return {"why_none": "no run dir with messages"}
-    t = request_messages(t)
+    mine = request_messages(t)
     out: dict[str, Any] = {}
     for op in ("push", "pull"):
-        o = op_skew(t.filter(pc.fill_null(pc.equal(t["op"].cast(pa.string()), op), False)))
+        o = op_skew(t.filter(pc.and_(mine, pc.fill_null(pc.equal(t["op"].cast(pa.string()), op), False))))
         if o is not None:
             out[op] = o
     if not out:
