@@ -15,15 +15,17 @@ import signal
 import sys
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from agent.clockskew import ClockSkew
 from agent.correlate import Connections, Correlator
 from agent.detach import detach_all
 from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, sockcall_format
 from agent.errors import UserError
-from agent.hosts import HostMap, clock_discipline, clock_mapping, kernel_info
+from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
 from agent.records import CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
 from agent.rundir import RunDirWriter
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
@@ -43,6 +45,7 @@ STOP_DECODE_S = 0.4
 STOP_COUNT_S = 0.3
 SHARD_INTERVAL_S = 2.0
 BTF_PATH = Path("/sys/kernel/btf/vmlinux")
+RUN_ID = uuid.uuid4().hex   # one per agent process: its run dirs belong together
 
 
 class Pipeline:
@@ -51,7 +54,7 @@ class Pipeline:
     def __init__(self, out: Path, host_map: HostMap, meta: dict, framework_on: bool = True,
                  netstack_on: bool = False, shard_interval_s: float = SHARD_INTERVAL_S,
                  hosts: tuple[str, ...] = (), warn: Callable[[str], None] | None = None,
-                 sockcall_fmt: str = "prefix"):
+                 sockcall_fmt: str = "prefix", skews: dict | None = None):
         self.out = Path(out)
         self.host_map = host_map
         self.meta = meta
@@ -74,6 +77,7 @@ class Pipeline:
         self.probe_counters: dict[str, dict[str, int]] = {}
         self.cpu_s = 0.0
         self.live = None   # agent.live.LiveAggregates fed with every row, watermark and counter tick
+        self.skews: dict[str, ClockSkew] = dict(skews or {})   # host -> a clock error put on on purpose (tests)
         from agent.shedding import SamplingRecord
         self.sampling = SamplingRecord(self.meta, self.correlator)   # from the agent's notes
         for h in hosts:
@@ -120,6 +124,8 @@ class Pipeline:
 
     def _emit(self, netns_ino: int, row: dict) -> None:
         host = row["host_id"]
+        if host in self.skews:
+            self.skews[host].apply(row)
         self._writer(host).append("messages", row)
         self.host_netns.setdefault(host, set()).add(netns_ino)
         self.rows[host] = self.rows.get(host, 0) + 1
@@ -127,6 +133,8 @@ class Pipeline:
             self.live.on_message(row)
 
     def _emit_connection(self, netns_ino: int, row: dict) -> None:
+        if row["host_id"] in self.skews:
+            self.skews[row["host_id"]].apply(row)
         self._writer(row["host_id"]).append("connections", row)
         if self.live is not None:
             self.live.on_connection(row)
@@ -137,6 +145,8 @@ class Pipeline:
             if "/" in host or host in ("", ".", ".."):
                 raise UserError(f"host id {host!r} cannot name a directory; give --host-id")
             meta = dict(self.meta, host_id=host)
+            if host in self.skews:
+                meta["clock"] = dict(meta["clock"], injected=self.skews[host].to_meta())
             w = self.writers[host] = RunDirWriter(self.out / host, meta, self.shard_interval_s)
             w.set_schema("messages", MESSAGES_SCHEMA)
             w.set_schema("connections", CONNECTIONS_SCHEMA)
@@ -193,6 +203,7 @@ class AgentOptions:
     netstack: bool = True
     overrides: dict = field(default_factory=dict)
     listen: str | None = None   # ADDR:PORT of the live HTTP endpoint (agent.http)
+    test_clock_skews: tuple = ()  # HOST:OFFSET_US:DRIFT_PPM (agent.clockskew), for tests only
     sample_rate: float | None = None   # share of host pairs kept; None: adapted (agent.shedding)
 
 
@@ -226,6 +237,7 @@ def base_meta(sel: Selection, host_map: HostMap, config: dict) -> dict:
                       "netns_inos": list(sel.netns_inos), "ports": list(sel.ports),
                       "libs": [str(p) for p in sel.libs]},
         "started_realtime_ns": time.time_ns(),
+        "boot_id": boot_id(), "run_id": RUN_ID,
     }
 
 
@@ -234,6 +246,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
     aggregates: an agent.live.LiveAggregates to feed (made here when o.listen is set)."""
     log = log or (lambda m: print(f"pslat agent: {m}", file=sys.stderr, flush=True))
     sel = _selection(o)
+    skews = {k.host: k for k in (ClockSkew.parse(t, time.monotonic_ns()) for t in o.test_clock_skews)}
     if o.print_bpf:
         src = LiveSource(sel, sink=lambda p, r: None, netstack=o.netstack)
         print(src.generated().render())
@@ -245,6 +258,9 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
     check_prerequisites()
     host_map = HostMap(o.host_id)
     named_hosts = tuple(host_map.host_of(i) for i in sel.netns_inos) or (host_map.default,)
+    if set(skews) - set(named_hosts):
+        raise UserError(f"--test-clock-skew names {sorted(set(skews) - set(named_hosts))}, not a traced host "
+                        f"({', '.join(named_hosts)})")
     recorder: RecordWriter | None = None
     seen_netns: set[int] = set()
     pipeline: Pipeline | None = None
@@ -287,7 +303,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         meta = base_meta(sel, host_map, config)
         fmt = sockcall_format()
         pipeline = Pipeline(o.out, host_map, meta, framework_on=True, netstack_on=netstack_on,
-                            hosts=named_hosts, warn=log, sockcall_fmt=fmt)
+                            hosts=named_hosts, warn=log, sockcall_fmt=fmt, skews=skews)
         pipeline.live = aggregates
         if fmt == "items":
             pipeline.decoder.on_sync_hint = live.sync_hint

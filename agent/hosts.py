@@ -154,3 +154,11 @@ def clock_discipline() -> dict:
 def kernel_info() -> dict:
     u = platform.uname()
     return {"release": u.release, "version": u.version, "machine": u.machine}
+
+
+def boot_id() -> str | None:
+    """This boot of this kernel: run dirs with the same one read the same CLOCK_MONOTONIC."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
