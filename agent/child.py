@@ -7,7 +7,6 @@ detach and close its run dirs.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -29,22 +28,23 @@ class AgentProcess:
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
         self.lines: list[str] = []
         self._echo = echo
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stderr], [], [], left)[0]:
-                self.kill()
-                raise UserError(f"the agent did not get ready in {ready_timeout_s:g} s: {self.log_tail()}")
-            line = self.proc.stderr.readline()
-            if not line:
-                raise UserError(f"the agent exited with {self.proc.wait()} before it was ready: {self.log_tail()}")
-            self._add(line)
-            if READY_MARK in line:
-                self.ready_ns = time.monotonic_ns()
-                break
-        # keep draining stderr so the agent never blocks on a full pipe
+        self._ready = threading.Event()
+        # one reader from the start: a select() on the pipe misses lines already in the
+        # file object's buffer (a warning read in one chunk with "ready:" hid it), and
+        # draining keeps the agent from blocking on a full pipe
         self._drain = threading.Thread(target=self._read_rest, daemon=True)
         self._drain.start()
+        deadline = time.monotonic() + ready_timeout_s
+        while not self._ready.wait(0.05):
+            if self.proc.poll() is not None:
+                self._drain.join(5)
+                if self._ready.is_set():
+                    break
+                raise UserError(f"the agent exited with {self.proc.returncode} before it was ready: "
+                                f"{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise UserError(f"the agent did not get ready in {ready_timeout_s:g} s: {self.log_tail()}")
 
     def _add(self, line: str) -> None:
         self.lines.append(line)
@@ -54,6 +54,9 @@ class AgentProcess:
     def _read_rest(self) -> None:
         for line in self.proc.stderr:
             self._add(line)
+            if READY_MARK in line and not self._ready.is_set():
+                self.ready_ns = time.monotonic_ns()
+                self._ready.set()
 
     def log_tail(self, n: int = 10) -> str:
         return "".join(self.lines[-n:]).strip()
