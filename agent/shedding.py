@@ -165,6 +165,7 @@ class ShedUnits:
         return min(units), max(units)
 
 
+NO_NODE = 2**31 - 1       # ps::Meta::kEmpty: the meta frame does not carry sender/recver (the van sets them)
 SLACK_NS = 100_000_000   # a framework call and its syscalls may straddle a rate change this far apart
 
 
@@ -177,27 +178,31 @@ class FrameworkShedJudge:
     of ADD_NODE's table). Unresolved while the probes shed, an unmatched record
     is taken as shed too (its pair was never seen, which shedding explains)."""
 
-    def __init__(self, ids, history: list, rescan_ns: int = 1_000_000_000):
+    def __init__(self, ids, history: list, rescan_ns: int = 50_000_000):
         self.ids = ids
         self.units = ShedUnits(history)
         self._ip_of_tgid: dict[int, str] = {}
         self._ip_of_node: dict[int, str] = {}
         self._rescan_ns = rescan_ns
         self._next_scan = 0
+        self._scanned_version = -1
         self.unresolved = 0
 
     def _scan(self, now_ns: int) -> None:
-        if now_ns < self._next_scan:
+        """Learn addresses again, when something was learnt (and not more often than rescan_ns)."""
+        ids = self.ids
+        if now_ns < self._next_scan or ids.version == self._scanned_version:
             return
         self._next_scan = now_ns + self._rescan_ns
-        ids = self.ids
+        self._scanned_version = ids.version
         for (ip, _port), tgid in list(ids.tgid_of_endpoint.items()):
             self._ip_of_tgid.setdefault(tgid, ip)
             node = ids.node_of_tgid.get(tgid)
             if node is not None:
                 self._ip_of_node.setdefault(node, ip)
         for (_pair, (ip, _port)), node in list(ids.sender_of.items()):
-            self._ip_of_node.setdefault(node, ip)
+            if node != NO_NODE:
+                self._ip_of_node.setdefault(node, ip)
         for (host, _port), node in list(ids.node_of_addr.items()):
             self._ip_of_node.setdefault(node, host)
 
@@ -217,10 +222,8 @@ class FrameworkShedJudge:
     @staticmethod
     def peer_node(fm, tx: bool, peer_id: int | None) -> int | None:
         """The node at the other end: the routing id (ROUTER side), else the meta's ids."""
-        if peer_id is not None:
-            return peer_id
-        meta = fm.meta
-        return getattr(meta, "recver" if tx else "sender", None)
+        node = peer_id if peer_id is not None else getattr(fm.meta, "recver" if tx else "sender", None)
+        return None if node == NO_NODE else node
 
     def drop_now(self, fm, tx: bool, peer_id: int | None, now_ns: int) -> bool:
         """On arrival: its pair is known and was shed all the time from ts - SLACK to now."""
