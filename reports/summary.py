@@ -20,55 +20,92 @@ CONTRACT_GROUPS = ("host", "nic", "wire")     # always present (null when no req
 
 def stat_us(values_ns) -> dict[str, float] | None:
     """{"mean","p50","p90","p99"} in us of the non-null values; None when there are none."""
-    v = pd.Series(values_ns).dropna().to_numpy(dtype=np.float64)
+    return _stat(pd.Series(values_ns).dropna().to_numpy(dtype=np.float64))
+
+
+def _stat(v: np.ndarray) -> dict[str, float] | None:
+    """stat_us of float64 values without NaN, in the requests' order (the mean's sum depends on it)."""
     if len(v) == 0:
         return None
     p50, p90, p99 = np.percentile(v, [50, 90, 99])
     return {k: round(float(x) / 1e3, 3) for k, x in zip(STAT_KEYS, (v.mean(), p50, p90, p99))}
 
 
-def _present(df: pd.DataFrame, cols: list[str]) -> dict[str, Any]:
+class Columns:
+    """Rows `rows` of a requests table as float64 arrays (NaN for null), each column converted
+    on first use: the statistics work on arrays, never on a copy of the whole table per op or host."""
+
+    def __init__(self, df: pd.DataFrame, rows: np.ndarray | None = None):
+        self.df, self.rows, self._cache = df, rows, {}
+
+    def __len__(self) -> int:
+        return len(self.df) if self.rows is None else len(self.rows)
+
+    def __call__(self, col: str) -> np.ndarray:
+        v = self._cache.get(col)
+        if v is None:
+            v = self.df[col].to_numpy(dtype=np.float64, na_value=np.nan)
+            self._cache[col] = v = v if self.rows is None else v[self.rows]
+        return v
+
+    def present(self, col: str) -> np.ndarray:
+        v = self(col)
+        return v[~np.isnan(v)]
+
+    def sub(self, rows: np.ndarray) -> "Columns":
+        """A subset (positions into this one's rows), sharing nothing but the table."""
+        return Columns(self.df, rows if self.rows is None else self.rows[rows])
+
+
+def _present(cols: Columns, names: list[str]) -> dict[str, Any]:
     out = {}
-    for c in cols:
-        s = stat_us(df[c])
+    for c in names:
+        s = _stat(cols.present(c))
         if s is not None:
             out[c] = s
     return out
 
 
-def _groups(df: pd.DataFrame) -> dict[str, Any]:
-    out: dict[str, Any] = {g: stat_us(df[f"group_{g}"]) for g in CONTRACT_GROUPS}
+def _groups(cols: Columns) -> dict[str, Any]:
+    out: dict[str, Any] = {g: _stat(cols.present(f"group_{g}")) for g in CONTRACT_GROUPS}
     for g in C.GROUPS:
-        if g not in out and (s := stat_us(df[f"group_{g}"])) is not None:
+        if g not in out and (s := _stat(cols.present(f"group_{g}"))) is not None:
             out[g] = s
     return out
 
 
-def _by(df: pd.DataFrame, col: str) -> dict[str, Any]:
-    return {str(h): {"count": len(g), "e2e_us": stat_us(g["e2e"]), "groups_us": _groups(g)}
-            for h, g in df.groupby(col, sort=True, dropna=True)}
+def _by(cols: Columns, col: str) -> dict[str, Any]:
+    keys = cols.df[col] if cols.rows is None else cols.df[col].iloc[cols.rows]
+    groups = keys.reset_index(drop=True).groupby(keys.to_numpy(), sort=True, dropna=True).indices
+    out = {}
+    for h in sorted(groups):
+        g = cols.sub(groups[h])
+        out[str(h)] = {"count": len(g), "e2e_us": _stat(g.present("e2e")), "groups_us": _groups(g)}
+    return out
 
 
-def op_summary(df: pd.DataFrame) -> dict[str, Any]:
+def op_summary(df: pd.DataFrame | Columns) -> dict[str, Any]:
+    cols = df if isinstance(df, Columns) else Columns(df)
+    names = C.COMPONENTS + C.SUBS + [f"group_{g}" for g in C.GROUPS]
     return {
-        "count": len(df),
-        "e2e_us": stat_us(df["e2e"]),
-        "components_us": _present(df, C.COMPONENTS),
-        "subcomponents_us": _present(df, C.SUBS),
-        "groups_us": _groups(df),
-        "by_server": _by(df, "server_host"),
-        "by_worker": _by(df, "worker_host"),
+        "count": len(cols),
+        "e2e_us": _stat(cols.present("e2e")),
+        "components_us": _present(cols, C.COMPONENTS),
+        "subcomponents_us": _present(cols, C.SUBS),
+        "groups_us": _groups(cols),
+        "by_server": _by(cols, "server_host"),
+        "by_worker": _by(cols, "worker_host"),
         # beyond the contract: how many of `count` requests have each value
-        "counts": {c: int(df[c].notna().sum()) for c in C.COMPONENTS + C.SUBS + [f"group_{g}" for g in C.GROUPS]
-                   if df[c].notna().any()},
+        "counts": {c: n for c in names if (n := int(np.count_nonzero(~np.isnan(cols(c))))) > 0},
     }
 
 
-def negatives(df: pd.DataFrame) -> dict[str, int]:
+def negatives(df: pd.DataFrame | Columns) -> dict[str, int]:
     """Requests with a negative component (kept as measured, never clamped), per component."""
+    cols = df if isinstance(df, Columns) else Columns(df)
     out = {}
     for c in C.COMPONENTS + C.SUBS:
-        k = int((df[c].dropna() < 0).sum())
+        k = int(np.count_nonzero(cols(c) < 0))
         if k:
             out[c] = k
     return out
@@ -95,6 +132,7 @@ def scaled(s: dict[str, Any], rate: float | None) -> dict[str, Any]:
 def summary(d: Dissection) -> dict[str, Any]:
     done = d.complete
     ops = sorted(done["op"].dropna().unique(), key=lambda o: (o not in ("pull", "push"), o))
+    by_op = {op: np.flatnonzero((done["op"] == op).to_numpy(dtype=bool, na_value=False)) for op in ops}
     return scaled({
         "requests": int(d.stats.requests),
         "unmatched": {"requests_without_response": int(d.stats.requests_without_response),
@@ -102,7 +140,7 @@ def summary(d: Dissection) -> dict[str, Any]:
                       "messages_unparsed": int(d.stats.messages_unparsed)},
         "hosts": list(d.hosts),
         "clock": {m.key: m.to_json() for m in d.clocks.values()},
-        "by_op": {op: op_summary(done[done["op"] == op]) for op in ops},
+        "by_op": {op: op_summary(Columns(done, by_op[op])) for op in ops},
         # beyond the contract's keys (documented beside it)
         "negative_components": negatives(done),
         "sampling_rate": d.sampling_rate,
