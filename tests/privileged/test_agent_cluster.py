@@ -54,8 +54,8 @@ def _libzmq() -> Path:
 class Agent:
     """`pslat agent` as a child process; ready once it says so on stderr."""
 
-    def __init__(self, out: Path, hosts: list[str]):
-        argv = [sys.executable, "-m", "agent.cli", "agent", "--out", str(out), "--lib", str(_libzmq())]
+    def __init__(self, out: Path, hosts: list[str], extra: tuple[str, ...] = ()):
+        argv = [sys.executable, "-m", "agent.cli", "agent", "--out", str(out), "--lib", str(_libzmq()), *extra]
         for h in hosts:
             argv += ["--netns", h]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)

@@ -12,6 +12,11 @@ push/pull requests of a worker are exactly the log's slices (init included).
 Both kvstore modes run under the same agent and cluster (a job's rows are told
 apart by the processes' pids).
 
+The report on the same run dirs (issue 4): every logged push and pull paired
+across the hosts with every component, and in dist_sync the push barrier
+visible in server_user (no push answered before its round's last push arrived;
+in dist_async some are).
+
 The sub-component inputs (agent/netrows.py) on the same traffic: on receive rows
 runq_wait + busy_wait = data-ready -> recv exit exactly, both >= 0, given for most
 messages and null only with a reason; on send rows cwnd_wait and rwnd_wait are
@@ -27,6 +32,7 @@ import pytest
 
 from agent.child import AgentProcess
 from agent.rundir import read_run_dir
+from reports.dissect import dissect
 from workloads.cluster.cluster import Cluster
 from workloads.mxnet import oplog, runner, venv
 
@@ -74,7 +80,7 @@ def _check_job(msgs: pd.DataFrame, res: runner.MxnetResult) -> dict:
     server = procs["server-0"]
     assert server.node_id == SERVER_NODE
     logs = res.op_logs()
-    stats = {"slices": 0}
+    stats = {"slices": 0, "by_ids": {}}   # (worker, server, app, customer, timestamp) -> (op, iter)
     srv = msgs[(msgs.pid == server.pid) & ~msgs.control]
     for w in (p for p in res.processes if p.role == "worker"):
         rank = w.rank
@@ -105,6 +111,7 @@ def _check_job(msgs: pd.DataFrame, res: runner.MxnetResult) -> dict:
                                           f"in the op's window; candidates:\n{cw[['op', 'num_keys', 'ts_framework_ns', 'framework_layer', 'null_reasons']]}")
                 row = in_win.iloc[0]
                 used_w.add(in_win.index[0])
+                stats["by_ids"][(w.node_id, int(row.recver), *(int(row[c]) for c in IDS))] = (r.op, r.iter)
                 assert row.framework_layer == "ps", what
                 assert row.recver == SERVER_NODE + 2 * srank, what
                 # the same request on the server's host: the same ids
@@ -150,6 +157,53 @@ def _check_subcomponents(msgs: pd.DataFrame) -> None:
     assert (waits <= tx.ts_xmit_last_ns - tx.ts_send_first_enter_ns).all()
 
 
+# The report's server side of a request, in absolute time on the (shared) clock:
+# the server's recv exit of the request's last byte, and its first send of the response.
+UP_TO_SERVER_RX = ["client_user_tx", "client_kernel_tx", "client_nic_tx", "wire_req", "server_nic_rx",
+                   "server_kernel_rx"]
+
+
+def _check_report(out: Path, results, stats_by_mode: dict) -> dict:
+    """Issue 4 on MXNet: `pslat report`'s dissection pairs every push and pull of both
+    jobs, with every component, and dist_sync's push barrier shows in server_user: the
+    server answers a push only after every worker's push of that round arrived."""
+    d = dissect([out])
+    figures = {}
+    for res in results:
+        by_ids = stats_by_mode[res.mode]["by_ids"]
+        pids = {p.pid for p in res.processes}
+        q = d.complete[d.complete.worker_pid.isin(pids)].copy()
+        q["key"] = list(zip(q.worker.astype(int), q.server.astype(int), q.app_id.astype(int),
+                            q.customer_id.astype(int), q.timestamp.astype(int)))
+        data = q[q.op.isin(["push", "pull"])]
+        assert set(by_ids) <= set(data.key), \
+            f"{res.mode}: {len(set(by_ids) - set(data.key))} of {len(by_ids)} logged slices not paired in the report"
+        data = data[data.key.isin(by_ids)]
+        # veth has no TX completion: *_nic_tx is null and folded into the wire
+        for c in ["client_user_tx", "client_kernel_tx", "wire_req", "server_nic_rx", "server_kernel_rx",
+                  "server_user", "server_kernel_tx", "wire_resp", "client_nic_rx", "client_kernel_rx",
+                  "client_user_rx", "e2e"]:
+            assert data[c].notna().all(), f"{res.mode}: {data[c].isna().sum()} requests without {c}"
+        assert ((data.e2e_from == "framework") & (data.e2e_to == "framework")).all()
+        pushes = data[data.key.map(lambda k: by_ids[k][0] == "push")].copy()
+        pushes["iter"] = pushes.key.map(lambda k: by_ids[k][1])
+        pushes["srv_rx"] = pushes.start_ns + pushes[UP_TO_SERVER_RX].fillna(0).sum(axis=1)
+        pushes["srv_tx"] = pushes.srv_rx + pushes.server_user
+        rounds = pushes.groupby(["iter", "server"]).agg(n=("srv_rx", "size"), last_rx=("srv_rx", "max"),
+                                                        first_tx=("srv_tx", "min"))
+        rounds = rounds[rounds.n == len([p for p in res.processes if p.role == "worker"])]
+        assert len(rounds) >= 4, rounds
+        held = rounds.first_tx >= rounds.last_rx          # no answer before the round's last push arrived
+        figures[res.mode] = {"requests": len(data), "push server_user p50 us": pushes.server_user.median() / 1e3,
+                             "rounds answered after their last push": f"{held.sum()} of {len(rounds)}"}
+        if res.mode == "dist_sync":
+            assert held.all(), f"dist_sync: a push answered before its round's last push arrived:\n{rounds}"
+        else:   # async: each push is answered on its own, no waiting for the other worker
+            assert not held.all(), f"dist_async: every round looks held back:\n{rounds}"
+    print(f"\nMXNet report: {figures}")
+    return figures
+
+
 def test_agent_finds_every_mxnet_push_and_pull(tmp_path):
     lib = venv.libmxnet_path()
     with Cluster(3, wait_s=WAIT_S, log_dir=tmp_path / "wire") as cluster:
@@ -161,6 +215,8 @@ def test_agent_finds_every_mxnet_push_and_pull(tmp_path):
             assert agent.stop() == 0, agent.log_tail(30)
     msgs = _tables(tmp_path / "agent")
     _check_subcomponents(msgs)
+    stats = {}
     for res in results:
-        stats = _check_job(msgs, res)
-        assert stats["slices"] >= 2 * 2 * 6, stats
+        stats[res.mode] = _check_job(msgs, res)
+        assert stats[res.mode]["slices"] >= 2 * 2 * 6, stats[res.mode]["slices"]
+    _check_report(tmp_path / "agent", results, stats)
