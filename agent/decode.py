@@ -521,6 +521,7 @@ class StreamDecoder:
                     if x:
                         out += parser.feed(x)
             flow.next_offset = end
+            c.view = None   # fed: a kept call needs its times, not its bytes (memory)
             if c.kernel_unsynced and self.on_sync_hint is not None:
                 self._hint(conn, flow, c)
         return self._messages(conn, flow, out) if out else []
@@ -566,7 +567,23 @@ class StreamDecoder:
             out.append(WireMessage(conn, flow.tx, m, first, last,
                                    (base + m.first_byte_offset) & MASK32,
                                    (base + m.end_offset) & MASK32, stages))
+        if msgs:
+            self._release_calls(flow, msgs[-1].end_offset)
         return out
+
+    @staticmethod
+    def _release_calls(flow: Flow, offset: int) -> None:
+        """The parser gives messages in stream order: a later one starts at or after the
+        end of the last one given, so calls that ended before it are not needed again
+        (kept, they held ~4096 calls per busy flow: most of the agent's memory)."""
+        calls, starts = flow.calls, flow.starts
+        n = 0
+        while n < len(calls) - 1 and starts[n] + calls[n].seq_bytes <= offset:
+            n += 1
+        if n:
+            for _ in range(n):
+                calls.popleft()
+            del starts[:n]
 
     def stats_by_netns(self) -> dict[int, dict[str, int]]:
         """Parser byte counters per network namespace (connections open or closed)."""
