@@ -255,6 +255,7 @@ class SamplingRecord:
         self.history: list[list] = []
         self.meta = meta.setdefault("sampling", {})
         self.correlator = correlator
+        self.alive_ns = 0   # the agent loop's latest tick: a consumer far behind has older watermarks
 
     def on_note(self, note: dict, live=None) -> None:
         ts, rate = int(note["ts_ns"]), float(note["rate"])
@@ -274,6 +275,7 @@ class SamplingRecord:
 
     def finish(self, end_ns: int) -> None:
         if self.history:
+            end_ns = max(end_ns, self.alive_ns, self.history[-1][0])
             self.meta["effective_rate"] = effective_rate(self.history, end_ns)
         judge = self.correlator.shed_judge
         if judge is not None:
@@ -304,6 +306,7 @@ class SheddingLoop:
         from probes.filters import shed_counts, write_shed_units
 
         self.record.set_shed(shed_counts(self.bpf))
+        self.record.alive_ns = now_ns
         produced = produced_by_probe(counters)
         lost = sum(int(c.get("lost", 0)) for c in counters.values())
         mark, self._mark = self._mark, (now_ns, produced, lost, consumed_total)
