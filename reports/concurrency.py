@@ -70,6 +70,13 @@ def in_flight(group: np.ndarray, conn: np.ndarray, t0: np.ndarray, t1: np.ndarra
     return np.maximum(out, 1)
 
 
+def _ids(*cols: pd.Series) -> np.ndarray:
+    """One integer per distinct combination of values (a null is a value too): a process
+    (host, pid) or a connection (host, ports), without building a string per request."""
+    return pd.DataFrame({k: c.to_numpy() for k, c in enumerate(cols)}).groupby(
+        list(range(len(cols))), sort=False, dropna=False).ngroup().to_numpy()
+
+
 def per_request(req: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
     """Per complete request: server_conns, worker_conns (<NA> where unknown)."""
     start, end = request_times_ref(req, tl)
@@ -80,9 +87,8 @@ def per_request(req: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
     sel = ok & req["server_pid"].notna().to_numpy()
     if sel.any():
         r = req[sel]
-        proc = (r["server_host"].astype(str) + "/" + r["server_pid"].astype(str)).to_numpy()
-        conn = (r["worker_host"].astype(str) + ":" + r["req_sport"].astype(str) + ">"
-                + r["req_dport"].astype(str)).to_numpy()
+        proc = _ids(r["server_host"].astype(str), r["server_pid"])
+        conn = _ids(r["worker_host"].astype(str), r["req_sport"], r["req_dport"])
         srv[np.flatnonzero(sel)] = in_flight(proc, conn, arrival[sel], reply[sel])
     out["server_conns"] = srv
     wrk = pd.array(np.zeros(len(req), np.int64), dtype="Int64")
@@ -90,9 +96,8 @@ def per_request(req: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
     sel = req["worker_pid"].notna().to_numpy()
     if sel.any():
         r = req[sel]
-        proc = (r["worker_host"].astype(str) + "/" + r["worker_pid"].astype(str)).to_numpy()
-        conn = (r["server_host"].astype(str) + ":" + r["req_sport"].astype(str) + ">"
-                + r["req_dport"].astype(str)).to_numpy()
+        proc = _ids(r["worker_host"].astype(str), r["worker_pid"])
+        conn = _ids(r["server_host"].astype(str), r["req_sport"], r["req_dport"])
         wrk[np.flatnonzero(sel)] = in_flight(proc, conn, start[sel], end[sel])
     out["worker_conns"] = wrk
     return out

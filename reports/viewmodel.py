@@ -22,7 +22,7 @@ from reports.concurrency import concurrency
 from reports.connmgmt import connection_management
 from reports.extra import RunContext, request_times_ref
 from reports.skew import key_skew
-from reports.summary import summary
+from reports.summary import Columns, summary
 
 # quantiles of the CDFs: every percent, then the tail
 CDF_Q = np.concatenate([np.linspace(0, 0.99, 100), [0.995, 0.999, 0.9999, 1.0]])
@@ -31,14 +31,15 @@ MAX_HOSTS = 48          # per-host bars beyond this: the hosts with the most req
 GROUP_ORDER = ["host", "nic", "wire", C.NETWORK_AND_REMOTE, C.UNSPLIT]
 
 
-def _contrib_us(df: pd.DataFrame, cols: list[str]) -> dict[str, float]:
+def _contrib_us(cols: Columns, names: list[str]) -> dict[str, float]:
     """Mean contribution of each column to the mean e2e (null counts as 0), us."""
-    n = len(df)
+    n = len(cols)
     out = {}
-    for c in cols:
-        s = df[c]
-        if s.notna().any():
-            out[c] = float(s.astype("float64").fillna(0).sum()) / n / 1e3
+    for c in names:
+        v = cols(c)
+        nan = np.isnan(v)
+        if not nan.all():
+            out[c] = float(np.where(nan, 0.0, v).sum()) / n / 1e3
     return out
 
 
@@ -46,46 +47,57 @@ def _q_us(v: np.ndarray, qs) -> list[float | None]:
     return [float(x) / 1e3 for x in np.percentile(v, qs)] if len(v) else [None] * len(qs)
 
 
-def _hosts_part(df: pd.DataFrame, col: str) -> dict[str, Any]:
-    counts = df[col].value_counts()
+def _groups_of(keys: pd.Series, sort: bool = True) -> dict[Any, np.ndarray]:
+    """Positions of each key's rows (ascending), null keys left out: a groupby's groups
+    without copying the table once per group."""
+    return pd.Series(keys.to_numpy()).groupby(keys.to_numpy(), sort=sort, dropna=True).indices
+
+
+def _hosts_part(cols: Columns, col: str) -> dict[str, Any]:
+    keys = cols.df[col] if cols.rows is None else cols.df[col].iloc[cols.rows]
+    counts = keys.value_counts()
     keep = list(counts.index[:MAX_HOSTS])
     out: dict[str, Any] = {"hosts": {}, "left_out": int(max(0, len(counts) - MAX_HOSTS))}
+    by_text = _groups_of(keys.astype(str))
     for h in sorted(map(str, keep)):
-        g = df[df[col].astype(str) == h]
-        e2e = g["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
-        e2e = e2e[~np.isnan(e2e)]
-        p50, p99 = _q_us(e2e, [50, 99])
+        g = cols.sub(by_text[h])
+        p50, p99 = _q_us(g.present("e2e"), [50, 99])
         out["hosts"][h] = {"count": len(g), "e2e_p50_us": p50, "e2e_p99_us": p99,
                            "groups_us": _contrib_us(g, [f"group_{x}" for x in GROUP_ORDER]),
                            "components_us": _contrib_us(g, C.COMPONENTS)}
     return out
 
 
+def _by_op(done: pd.DataFrame) -> list[tuple[str, Columns]]:
+    """(op, its rows) in op order."""
+    groups = _groups_of(done["op"])
+    return [(str(op), Columns(done, groups[op])) for op in sorted(groups)]
+
+
 def breakdown(done: pd.DataFrame) -> dict[str, Any]:
     out = {}
-    for op, g in done.groupby("op", sort=True, observed=True):
-        e2e = g["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
-        e2e = e2e[~np.isnan(e2e)]
+    for op, g in _by_op(done):
+        e2e = g.present("e2e")
         p50, p99 = _q_us(e2e, [50, 99])
-        out[str(op)] = {"count": len(g), "e2e_mean_us": float(e2e.mean()) / 1e3 if len(e2e) else None,
-                        "e2e_p50_us": p50, "e2e_p99_us": p99,
-                        "groups_us": _contrib_us(g, [f"group_{x}" for x in GROUP_ORDER]),
-                        "components_us": _contrib_us(g, C.COMPONENTS),
-                        "subcomponents_us": _contrib_us(g, C.SUBS),
-                        "by_server": _hosts_part(g, "server_host"), "by_worker": _hosts_part(g, "worker_host")}
+        out[op] = {"count": len(g), "e2e_mean_us": float(e2e.mean()) / 1e3 if len(e2e) else None,
+                   "e2e_p50_us": p50, "e2e_p99_us": p99,
+                   "groups_us": _contrib_us(g, [f"group_{x}" for x in GROUP_ORDER]),
+                   "components_us": _contrib_us(g, C.COMPONENTS),
+                   "subcomponents_us": _contrib_us(g, C.SUBS),
+                   "by_server": _hosts_part(g, "server_host"), "by_worker": _hosts_part(g, "worker_host")}
     return out
 
 
 def cdfs(done: pd.DataFrame) -> dict[str, Any]:
     out = {}
-    for op, g in done.groupby("op", sort=True, observed=True):
+    for op, g in _by_op(done):
         per = {}
         for c in ["e2e"] + C.COMPONENTS + C.SUBS:
-            v = g[c].dropna().to_numpy(dtype=np.float64)
+            v = g.present(c)
             if len(v):
                 per[c] = {"n": int(len(v)), "negative": int((v < 0).sum()),
                           "us": [round(x, 3) for x in _q_us(v, CDF_Q * 100)]}
-        out[str(op)] = {"q": [round(float(q), 6) for q in CDF_Q], "series": per}
+        out[op] = {"q": [round(float(q), 6) for q in CDF_Q], "series": per}
     return out
 
 
@@ -100,8 +112,7 @@ def over_time(done: pd.DataFrame, start_ref: np.ndarray) -> dict[str, Any]:
     ops = done["op"].astype(str).to_numpy()
     e2e_all = done["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
     groups = {g: done[f"group_{g}"].to_numpy(dtype=np.float64, na_value=np.nan) for g in GROUP_ORDER}
-    for op in sorted(set(ops)):
-        m = ops == op
+    for op, m in _groups_of(pd.Series(ops)).items():
         count = np.bincount(b[m], minlength=TIME_BINS)
         rec: dict[str, Any] = {"count": count.tolist(), "groups_us": {}, "e2e_p50_us": [], "e2e_p99_us": []}
         for g, v in groups.items():
@@ -109,8 +120,11 @@ def over_time(done: pd.DataFrame, start_ref: np.ndarray) -> dict[str, Any]:
                 continue
             s = np.bincount(b[m], weights=np.nan_to_num(v[m]), minlength=TIME_BINS)
             rec["groups_us"][g] = [round(float(x) / 1e3, 3) if k else None for x, k in zip(s / np.maximum(count, 1), count)]
+        # the op's e2e by bin: one stable sort, then a slice per bin (percentiles ignore the order)
+        order = np.argsort(b[m], kind="stable")
+        e2e_sorted, bounds = e2e_all[m][order], np.concatenate([[0], np.cumsum(count)])
         for k in range(TIME_BINS):
-            v = e2e_all[m & (b == k)]
+            v = e2e_sorted[bounds[k]:bounds[k + 1]]
             v = v[~np.isnan(v)]
             p50, p99 = _q_us(v, [50, 99])
             rec["e2e_p50_us"].append(p50)
@@ -123,9 +137,11 @@ def clocks(d, ctx: RunContext, done: pd.DataFrame) -> list[dict[str, Any]]:
     """Per host pair: the model and what its uncertainty means for the wire split."""
     rows = []
     wire = {}
-    for (w, s), g in done.groupby(["worker_host", "server_host"], sort=False, observed=True):
-        wire[tuple(sorted((str(w), str(s))))] = g["wire_req"].dropna().astype("float64").mean() / 1e3 \
-            if g["wire_req"].notna().any() else None
+    wire_req = done["wire_req"].to_numpy(dtype=np.float64, na_value=np.nan)
+    for (w, s), idx in done.groupby(["worker_host", "server_host"], sort=False, observed=True).indices.items():
+        v = wire_req[idx]
+        v = v[~np.isnan(v)]
+        wire[tuple(sorted((str(w), str(s))))] = v.mean() / 1e3 if len(v) else None
     for (a, b), m in sorted(d.clocks.items()):
         j = m.to_json()
         unc = j["uncertainty_us"]
