@@ -35,8 +35,10 @@ class Columns:
     """Rows `rows` of a requests table as float64 arrays (NaN for null), each column converted
     on first use: the statistics work on arrays, never on a copy of the whole table per op or host."""
 
-    def __init__(self, df: pd.DataFrame, rows: np.ndarray | None = None):
+    def __init__(self, df: pd.DataFrame, rows: np.ndarray | None = None, parent: "Columns | None" = None,
+                 local: np.ndarray | None = None):
         self.df, self.rows, self._cache = df, rows, {}
+        self._parent, self._local = parent, local    # a subset takes its arrays from its parent's
 
     def __len__(self) -> int:
         return len(self.df) if self.rows is None else len(self.rows)
@@ -44,8 +46,12 @@ class Columns:
     def __call__(self, col: str) -> np.ndarray:
         v = self._cache.get(col)
         if v is None:
-            v = self.df[col].to_numpy(dtype=np.float64, na_value=np.nan)
-            self._cache[col] = v = v if self.rows is None else v[self.rows]
+            if self._parent is not None:
+                v = self._parent(col)[self._local]
+            else:
+                v = self.df[col].to_numpy(dtype=np.float64, na_value=np.nan)
+                v = v if self.rows is None else v[self.rows]
+            self._cache[col] = v
         return v
 
     def present(self, col: str) -> np.ndarray:
@@ -53,8 +59,8 @@ class Columns:
         return v[~np.isnan(v)]
 
     def sub(self, rows: np.ndarray) -> "Columns":
-        """A subset (positions into this one's rows), sharing nothing but the table."""
-        return Columns(self.df, rows if self.rows is None else self.rows[rows])
+        """A subset: positions into this one's rows (its arrays are cut from this one's)."""
+        return Columns(self.df, rows if self.rows is None else self.rows[rows], parent=self, local=rows)
 
 
 def _present(cols: Columns, names: list[str]) -> dict[str, Any]:
