@@ -188,7 +188,8 @@ def health(ctx: RunContext, d) -> list[dict[str, Any]]:
                      "rows_dropped": int(c.get("rows_dropped") or 0), "consumer_cpu_s": c.get("consumer_cpu_s"),
                      "unparsed_bytes": int(c.get("unparsed_bytes") or 0), "lost_bytes": int(c.get("lost_bytes") or 0),
                      "sampling_rate": sampling.get("rate", 1.0) if sampling else 1.0,
-                     "closed": bool(meta.get("closed")), "meta": bool(meta)})
+                     "closed": bool(meta.get("closed")), "meta": bool(meta),
+                     "run_id": meta.get("run_id")})   # one agent's run dirs share it (agent-wide counters)
     return rows
 
 
