@@ -207,29 +207,61 @@ def clock_findings(m: dict) -> list[str]:
     return out
 
 
+def agents(health: list[dict]) -> list[dict[str, Any]]:
+    """The agents behind the run dirs: one agent tracing several namespaces writes a run dir
+    per host, each meta.json carrying the same agent-wide probe counters. Run dirs are one
+    agent's when they share meta.json's run_id; without one (older agents), when their probe
+    counters are identical and not empty. Per agent: its hosts and its probe counters, the
+    largest of its run dirs' (each meta.json is rewritten at its own flush; counters only grow)."""
+    groups: dict[Any, dict[str, Any]] = {}
+    for h in health:
+        if h.get("run_id"):
+            key = ("run", str(h["run_id"]))
+        elif h["probes"]:
+            key = ("counters", tuple(sorted((p, c["seen"], c["lost"]) for p, c in h["probes"].items())))
+        else:
+            key = ("host", h["host"])
+        a = groups.setdefault(key, {"hosts": [], "probes": {}})
+        a["hosts"].append(h["host"])
+        for p, c in h["probes"].items():
+            have = a["probes"].setdefault(p, {"seen": 0, "lost": 0})
+            have["seen"], have["lost"] = max(have["seen"], c["seen"]), max(have["lost"], c["lost"])
+    return list(groups.values())
+
+
+def _agent_name(hosts: list[str]) -> str:
+    return hosts[0] if len(hosts) == 1 else f"the agent of {', '.join(hosts)}"
+
+
 def health_findings(m: dict) -> list[str]:
     out = []
     lost_parts = []
-    seen_total = lost_total = 0
-    for h in m["health"]:
-        for p, c in h["probes"].items():
+    seen_total = 0
+    found = agents(m["health"])
+    for a in found:   # probe counters are the agent's: once per agent, not per host it wrote
+        for p, c in a["probes"].items():
             seen_total += c["seen"]
-            lost_total += c["lost"]
             if c["lost"]:
-                lost_parts.append(f"{h['host']} {p} lost {c['lost']:,} of {c['seen'] + c['lost']:,} events")
+                lost_parts.append(f"{_agent_name(a['hosts'])} {p} lost {c['lost']:,} of "
+                                  f"{c['seen'] + c['lost']:,} events")
+    for h in m["health"]:   # rows are dropped by each host's run dir writer
         if h["rows_dropped"]:
             lost_parts.append(f"{h['host']} dropped {h['rows_dropped']:,} rows")
     if lost_parts:
         out.append("Agent health: " + "; ".join(lost_parts) + " (ring buffer full or disk too slow): "
                    "requests touched by lost events lack stages or are missing.")
     elif seen_total:
-        out.append(f"Agent health: no events lost ({seen_total:,} events seen by the probes).")
+        n = sum(1 for a in found if a["probes"])
+        out.append(f"Agent health: no events lost ({seen_total:,} events seen by the probes"
+                   + (f" of {n} agents" if n > 1 else "") + ").")
     else:
         out.append("Agent health: the run dirs carry no probe counters.")
-    unparsed = [f"{h['host']} {h['unparsed_bytes']:,}" for h in m["health"] if h.get("unparsed_bytes")]
+    unparsed = [f"{h['host']} {h['unparsed_bytes']:,} unparsed, {h.get('lost_bytes', 0):,} unread"
+                for h in m["health"] if h.get("unparsed_bytes") or h.get("lost_bytes")]
     if unparsed:
-        out.append("Unparsed bytes on traced connections (not ps-lite, damaged, or cut by lost events): "
-                   + ", ".join(unparsed) + ".")
+        out.append("Bytes on traced connections that were not ps-lite messages: " + ", ".join(unparsed)
+                   + " (unparsed: seen and not understood, e.g. not ps-lite or damaged; unread: never "
+                   "copied up, as after lost events or where the in-kernel walker lost the frames).")
     if m.get("sampling_rate"):
         out.append(f"sampled: {100 * m['sampling_rate']:.3g}% of host pairs; counts scaled in the summary "
                    "(latency distributions are those of the sampled pairs).")
