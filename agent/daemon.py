@@ -328,7 +328,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
             c0 = time.thread_time()
             watermark = time.monotonic_ns()   # everything before it is in the rings now
             emptied = live.drain()
-            shedding.drained(time.monotonic_ns() / 1e9 - watermark / 1e9)
+            shedding.drained(time.monotonic_ns() / 1e9 - watermark / 1e9, emptied)
             if emptied:   # else older events are still in the rings: no watermark yet
                 sink(NOTE_PROBE, b'{"watermark_ns": %d}' % watermark)
             live.rescan()

@@ -217,21 +217,13 @@ def _check_stages(msgs, metas):
         assert data_rx.ts_data_ready_ns.notna().mean() >= 0.99
 
 
-# Joined mid-stream, the walker starts only from a user-space sync hint that names
-# a future frame header; the agent knows one only where its parse stands (the end
-# of a call it already got), which a busy connection has passed by then (hints_stale).
-# Messages longer than the raw prefix a non-walked call carries are then lost.
-needs_kernel_resync = pytest.mark.xfail(
-    strict=False, reason="walker sync hints go stale on busy connections: needs a kernel-side "
-                         "resync (or an 'aligned calls' hint) from the walker")
-
-
 @pytest.mark.parametrize("workload", [
     pytest.param(SMALL, id="small"),
-    pytest.param({}, id="default", marks=needs_kernel_resync),
+    pytest.param({}, id="default"),
 ])
 def test_an_agent_started_during_the_job_finds_the_requests_issued_after(tmp_path, workload):
-    msgs, _, truth, (ready_ns, _), _ = _run(tmp_path, duration_s=3.0, join_after_s=1.5, rate=100, **workload)
+    """The issue's case: the agent starts 10 s into the job and joins its connections mid-stream."""
+    msgs, _, truth, (ready_ns, _), _ = _run(tmp_path, duration_s=3.0, join_after_s=10.0, rate=100, **workload)
     min_found = min(0.99, MIN_FOUND_SMALL) if workload else 0.99
     # requests issued after the agent was ready and answered before the job was stopped
     t = truth[(truth.role == "worker") & (truth.t_issued_ns > ready_ns) & truth.t_completed_ns.notna()]

@@ -75,17 +75,30 @@ def test_fixed_rate_never_moves():
     assert s.history == [[0, 0.5]]
 
 
-def test_overload_cuts_at_once_to_the_rate_that_fits():
+def test_overload_cuts_at_once_to_the_rate_that_fits_at_most_halving():
     s = Shedder(None, 0)
     # the consumer takes 10k events per busy second; the probes make 30k/s, 10k of them
-    # framework events (not reduced by sampling): 0.7 * 10k - 10k < 0 -> the floor
+    # framework events (not reduced by sampling): 0.7 * 10k - 10k < 0, the model says 0:
+    # halve per look instead of dropping to the floor at once
     assert s.observe(_interval(1, 20_000, 10_000, 10_000, 1.0)) is not None
-    assert s.shed_units == SAMPLE_UNITS - MIN_KEEP_UNITS
+    assert s.rate == 0.5
     s = Shedder(None, 0)
-    # 20k kernel + 2k framework per second against 10k/s: r' = (7k - 2k) / 20k = 0.25
+    # 20k kernel + 2k framework per second against 10k/s: r' = (7k - 2k) / 20k = 0.25 -> 0.5 now
     s.observe(_interval(1, 20_000, 2_000, 10_000, 1.0))
-    assert s.rate == pytest.approx(0.25, abs=2 / SAMPLE_UNITS)
-    assert s.history == [[0, 1.0], [10**9, s.rate]]
+    assert s.rate == 0.5
+    # still too much at 0.5 on the next look: r' = 0.5 * (7k - 1k) / 10k = 0.3
+    s.observe(_interval(2, 10_000, 1_000, 10_000, 1.0))
+    assert s.rate == pytest.approx(0.3, abs=2 / SAMPLE_UNITS)
+    assert [r for _, r in s.history][:2] == [1.0, 0.5]
+
+
+def test_a_busy_consumer_that_keeps_up_is_not_cut():
+    """Draining 95% of the wall time but emptying the rings: on cores shared with the job
+    the wall time overstates the agent's cost; nothing is lost, so nothing is shed."""
+    s = Shedder(None, 0)
+    st = _interval(1, 20_000, 2_000, 10_000, 1.0)
+    st.behind = False
+    assert s.observe(st) is None and s.rate == 1.0
 
 
 def test_losses_halve_once_then_wait_for_the_backlog():
