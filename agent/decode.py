@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 from parsers.pslite import PsliteStreamParser
 from parsers.pslite.message import PsMessage
+from parsers.pslite.meta import node_id_of_identity
+from probes import framework as _fw
 from probes.events import (AF_INET, AF_INET6, SOCKCALL_F_ISN_DERIVED, SOCKCALL_F_ISN_EXACT,
                            SockCall, SockcallEvent)
 
@@ -609,6 +611,9 @@ def _add_flow_stats(acc: dict[str, int], conn: Conn) -> None:
 
 # ---------------------------------------------------------------- framework events
 
+_MISSING = object()
+META_CACHE_MAX = 4096  # meta frames decoded, kept until both ends' records came (cleared when full)
+
 class FrameworkDecoder:
     """Raw framework-probe events -> probes.framework.FrameworkMessage.
 
@@ -629,6 +634,7 @@ class FrameworkDecoder:
         self._data_at = FwEvent.data.offset
         self._fw = struct.Struct("<QQQQqQIIiHBBBB6x")
         assert self._fw.size == self._data_at, "FrameworkDecoder does not match FwEvent"
+        self._metas: dict[tuple, object] = {}
 
     @property
     def open_messages(self) -> int:
@@ -658,33 +664,42 @@ class FrameworkDecoder:
         return self._message(kind == self._send, tgid, tid, sock, frames)
 
     def _message(self, send: bool, tgid: int, tid: int, sock: int, frames: list):
-        from probes.framework import (ZMQ_ROUTER, FrameworkMessage, _looks_like_routing_id,
-                                      decode_pbmeta)
-        from parsers.pslite.meta import node_id_of_identity
-
         first, last = frames[0], frames[-1]
         body = frames
         peer = None
         sock_type = self._asm._sock_types.get((tgid, sock))
-        if len(frames) >= 2 and (sock_type == ZMQ_ROUTER or (
-                sock_type is None and _looks_like_routing_id(first[3], first[2]))):
+        if len(frames) >= 2 and (sock_type == _fw.ZMQ_ROUTER or (
+                sock_type is None and _fw._looks_like_routing_id(first[3], first[2]))):
             peer, body = first[3], frames[1:]
-        meta = decode_pbmeta(body[0][3], body[0][2]) if body else None
-        if meta is not None and peer is not None and not send:
-            node = node_id_of_identity(peer)
-            if node is not None:
-                meta = _replace_sender(meta, node)
-        sizes = tuple(f[2] for f in frames)
-        return FrameworkMessage(
+        meta = self._meta(body[0][3], body[0][2], peer if not send else None) if body else None
+        sizes = tuple([f[2] for f in frames])
+        return _fw.FrameworkMessage(
             layer="zmq", direction="send" if send else "recv", tgid=tgid, tid=tid, sock=sock,
             ts_ns=first[0] if send else last[1], call_ts_ns=first[0], ret_ts_ns=last[1],
             first_ret_ts_ns=first[1], total_bytes=sum(sizes), frames=len(frames), peer=peer,
-            meta=meta, frame_sizes=sizes, frame_heads=tuple(f[3] for f in frames))
+            meta=meta, frame_sizes=sizes, frame_heads=tuple([f[3] for f in frames]))
+
+    def _meta(self, head: bytes, size: int, peer: bytes | None):
+        """decode_pbmeta of a meta frame, the sender taken from a received message's
+        routing id. Cached: the sender's and the receiver's records of one message carry
+        the same meta (one agent per kernel sees both), and MetaIds is immutable."""
+        key = (head, size)
+        meta = self._metas.get(key, _MISSING)
+        if meta is _MISSING:
+            if len(self._metas) >= META_CACHE_MAX:
+                self._metas.clear()
+            meta = self._metas[key] = _fw.decode_pbmeta(head, size)
+        if meta is not None and peer is not None:
+            node = node_id_of_identity(peer)
+            if node is not None:
+                meta = _replace_sender(meta, node)
+        return meta
 
 
 def _replace_sender(meta, node: int):
-    from dataclasses import replace
-    return replace(meta, sender=node)
+    # dataclasses.replace, without its per-call field introspection
+    return _fw.MetaIds(meta.app_id, meta.customer_id, meta.timestamp, meta.request, meta.push, meta.head,
+                       meta.control_cmd, meta.simple_app, node, meta.recver, meta.truncated)
 
 
 def _next_header(parser) -> tuple[int, int] | None:
