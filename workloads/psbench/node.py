@@ -22,7 +22,7 @@ from workloads.psbench.customer import Fatal
 from workloads.psbench.keys import KeySpace
 from workloads.psbench.options import NodeConfig, Workload
 from workloads.psbench.server import KVServer
-from workloads.psbench.timing import die_with_parent, set_fine_timer_slack, set_thread_name
+from workloads.psbench.timing import die_with_parent, name_all_threads, set_fine_timer_slack, set_thread_name
 from workloads.psbench.truth import TruthWriter
 from workloads.psbench.van import Van
 from workloads.psbench.worker import KVWorker
@@ -66,6 +66,8 @@ SWITCH_INTERVAL_S = 100e-6
 
 def run_node(cfg: NodeConfig, wl: Workload) -> None:
     set_fine_timer_slack()  # before any thread starts: threads inherit it
+    if wl.proc_name:
+        name_all_threads(wl.proc_name)
     # The truth's stamps sit next to the zmq calls, but a thread that returns
     # from a call that dropped the GIL waits for it up to the switch interval
     # (5 ms by default) before it can stamp: 100 us keeps the stamps within
@@ -97,6 +99,8 @@ def run_node(cfg: NodeConfig, wl: Workload) -> None:
             threading.Thread(target=_heartbeats, args=(van, heartbeat_s, stop_heartbeat, fatal),
                              name="ps-heartbeat", daemon=True).start()
         van.barrier(wl.start_timeout_s)
+        if wl.proc_name:   # again: libzmq's threads named themselves since
+            name_all_threads(wl.proc_name)
         write_node_file(cfg, van)
         if isinstance(app, KVWorker):
             app.run(wl.duration_s, wait_timeout_s=wl.start_timeout_s)

@@ -39,6 +39,8 @@ class Workload:
     duration_s: float = _opt(10.0, "Workers issue requests for this long, then the job ends.", min=0.0)
     heartbeat_interval_s: float = _opt(0.0, "Heartbeat period to the scheduler (0 = off, as ps-lite).", min=0.0)
     start_timeout_s: float = _opt(60.0, "Give up if the job has not formed within this time.", min=0.1)
+    proc_name: str = _opt("", "Name every thread of every process this (comm, at most 15 bytes; "
+                              "empty: psbench's own names).", max_bytes=15)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -46,6 +48,9 @@ class Workload:
             flag = "--" + f.name.replace("_", "-")
             if "min" in meta and not value >= meta["min"]:
                 raise UserError(f"{flag} must be >= {meta['min']}, got {value}; pass a valid value")
+            if "max_bytes" in meta and (len(value.encode()) > meta["max_bytes"] or "\n" in value or "\0" in value):
+                raise UserError(f"{flag} takes at most {meta['max_bytes']} bytes and no newline or NUL, "
+                                f"got {value!r}; pass a shorter name")
             if "choices" in meta and value not in meta["choices"]:
                 raise UserError(f"{flag} must be one of {', '.join(meta['choices'])}, got {value!r}")
         if self.keys_per_request > self.key_space:

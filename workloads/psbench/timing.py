@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from pathlib import Path
 
 SPIN_MARGIN_NS = 150_000
 
@@ -31,12 +32,28 @@ def _call_prctl(option: int, arg: int) -> bool:
     return _prctl is not None and _prctl(option, arg, 0, 0, 0) == 0
 
 
+_one_name: str | None = None   # name_all_threads(): every thread gets it
+
+
 def set_thread_name(name: str) -> None:
     """Name the calling OS thread (/proc/<pid>/task/<tid>/comm, 15 chars), so
     probes and `top -H` can tell psbench's threads apart."""
     if _prctl is not None:
-        buf = ctypes.create_string_buffer(name.encode()[:15])
+        buf = ctypes.create_string_buffer((_one_name or name).encode()[:15])
         _prctl(_PR_SET_NAME, ctypes.addressof(buf), 0, 0, 0)
+
+
+def name_all_threads(name: str) -> None:
+    """One name for every thread of this process, those running (libzmq's name
+    themselves) and those set_thread_name() names later: tests trace a process
+    whose comm is chosen (markup, to check the reports escape it)."""
+    global _one_name
+    _one_name = name
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            (task / "comm").write_bytes(name.encode()[:15])
+        except OSError:   # the thread ended meanwhile
+            pass
 
 
 def set_fine_timer_slack() -> bool:
