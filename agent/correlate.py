@@ -463,7 +463,7 @@ class Correlator:
         stages = wm.stages
         if wm.tx and self.netstack_on:
             stages = self.tx_times.pop(conn.sk, wm.seq_end) or stages
-        row = {c: None for c in _STAGE_COLS}
+        row = dict.fromkeys(_STAGE_COLS)
         row["ts_framework_ns"] = ts_fw
         kernel_reason = R_NOT_TIMED if self.netstack_on else R_NO_NETSTACK
         if wm.tx:
@@ -473,20 +473,18 @@ class Correlator:
                 reasons["ts_send_first_enter_ns"] = R_NO_FIRST_CALL
             if last is None:
                 reasons["ts_send_last_exit_ns"] = R_NO_LAST_CALL
-            for st in (TxStage.XMIT_LAST, TxStage.TXDONE_LAST):
-                col = TX_STAGE_COLUMNS[st]
-                row[col] = stages.get(col)
-                if row[col] is None:
-                    reasons[col] = stages.get(col + ":null", kernel_reason)
+            for col, null_key in _TX_KERNEL_COLS:
+                v = row[col] = stages.get(col)
+                if v is None:
+                    reasons[col] = stages.get(null_key, kernel_reason)
         else:
             row["ts_recv_last_exit_ns"] = last.exit_ts_ns if last else None
             if last is None:
                 reasons["ts_recv_last_exit_ns"] = R_NO_LAST_CALL
-            for st in (RxStage.NIC_RX_LAST, RxStage.NETIF_RX_LAST, RxStage.DATA_READY):
-                col = RX_STAGE_COLUMNS[st]
-                row[col] = stages.get(col)
-                if row[col] is None:
-                    reasons[col] = stages.get(col + ":null", kernel_reason)
+            for col, null_key in _RX_KERNEL_COLS:
+                v = row[col] = stages.get(col)
+                if v is None:
+                    reasons[col] = stages.get(null_key, kernel_reason)
         call = last or first
         row.update({
             "host_id": self.host_of(conn.netns_ino),
@@ -531,5 +529,9 @@ class Correlator:
 
 
 _STAGE_COLS = tuple(dict.fromkeys(list(TX_STAGE_COLUMNS.values()) + list(RX_STAGE_COLUMNS.values())))
+_TX_KERNEL_COLS = tuple((TX_STAGE_COLUMNS[s], TX_STAGE_COLUMNS[s] + ":null")
+                        for s in (TxStage.XMIT_LAST, TxStage.TXDONE_LAST))
+_RX_KERNEL_COLS = tuple((RX_STAGE_COLUMNS[s], RX_STAGE_COLUMNS[s] + ":null")
+                        for s in (RxStage.NIC_RX_LAST, RxStage.NETIF_RX_LAST, RxStage.DATA_READY))
 _SUB_COLS = ("runq_wait_ns", "busy_wait_ns", "cwnd_wait_ns", "rwnd_wait_ns", "qdisc_wait_ns",
              "connect_wait_ns")
