@@ -45,6 +45,7 @@ RECORD_VERSION = 1
 _REC_HEAD = struct.Struct("<B3xI")
 NOTE_PROBE = "agent"
 RESCAN_INTERVAL_S = 1.0
+LIB_WAIT_S = 30.0
 # Ring sizes: big enough to ride out a burst while the consumer is descheduled
 # (the agent shares its cores with the job). 16 MiB each: ~60k sockcall events
 # of ~300 bytes, ~110k framework frames of 144 bytes.
@@ -301,6 +302,7 @@ class LiveSource:
         self._drain_cut = False
         self._probed: set[tuple] = set()      # (library, layer, pid or None)
         self._known_tgids: set[int] = set()
+        self._lib_wait: dict[int, float] = {}   # tgid -> when first seen without a framework library
         self._next_scan = 0.0
         self.framework_compile_s: float | None = None
         self.netstack_error: str | None = None
@@ -402,11 +404,18 @@ class LiveSource:
         for tgid in self.selector.running():
             if tgid in self._known_tgids:
                 continue
-            self._known_tgids.add(tgid)
             try:
                 targets = targets_of_pid(tgid)
             except UserError:
+                self._known_tgids.add(tgid)
                 continue  # it exited meanwhile
+            # a process seen before it loaded its framework (Python imports zmq after
+            # start) is looked at again, for LIB_WAIT_S: else a job started after the
+            # agent could get no framework probe at all
+            first = self._lib_wait.setdefault(tgid, now)
+            if targets or now - first > LIB_WAIT_S:
+                self._known_tgids.add(tgid)
+                self._lib_wait.pop(tgid, None)
             for t in targets:
                 self._probe_library(t.library, tgid if not self.sel.dynamic else None, t.layer)
 
