@@ -273,9 +273,14 @@ def health_findings(m: dict) -> list[str]:
 
 
 # A traffic gap: a span without a single message on a host, at least GAP_MIN_S long and
-# GAP_FACTOR times the host's median spacing of messages (a slow job's pauses are not gaps).
-GAP_MIN_S = 1.0
-GAP_FACTOR = 50
+# GAP_FACTOR times the host's usual longest pause: the median, over GAP_WINDOWS windows
+# of the run (of GAP_WINDOW_MIN_S at least), of each window's longest pause. A job's own
+# regular pauses (a slow rate, compute phases) recur in most windows and set the bar; a
+# restart or a stall is in one or two.
+GAP_MIN_S = 0.5
+GAP_FACTOR = 3
+GAP_WINDOWS = 20
+GAP_WINDOW_MIN_S = 1.0
 GAPS_NAMED = 3           # per host; the rest are counted
 # the time of a message on its host: the first stage every send or receive row has
 MESSAGE_TIME_COLS = ("ts_send_first_enter_ns", "ts_recv_last_exit_ns", "ts_framework_ns")
@@ -291,7 +296,12 @@ def traffic_gaps(times_ns: dict[str, np.ndarray], start_ns: dict[str, int | None
         if len(t) < 3:
             continue
         d = np.diff(t)
-        limit = max(GAP_MIN_S * 1e9, GAP_FACTOR * float(np.median(d)))
+        window_ns = max(GAP_WINDOW_MIN_S * 1e9, (t[-1] - t[0]) / GAP_WINDOWS)
+        win = ((t[:-1] - t[0]) // window_ns).astype(np.int64)
+        longest = np.full(int(win[-1]) + 1, -1, dtype=np.int64)
+        np.maximum.at(longest, win, d)
+        usual = float(np.median(longest[longest >= 0]))
+        limit = max(GAP_MIN_S * 1e9, GAP_FACTOR * usual)
         origin = start_ns.get(host)
         origin = int(t[0]) if origin is None or origin > t[0] else int(origin)
         for i in np.flatnonzero(d >= limit):

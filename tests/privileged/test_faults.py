@@ -435,3 +435,49 @@ def test_agent_with_a_full_output_disk_goes_on_and_says_so(tmp_path):
         # every message row is in a shard or counted as dropped (with the connections rows)
         assert len(rd.tables.get("messages", ())) <= c["messages"] <= written + c["rows_dropped"], (written, c)
     assert len(job.truth()) > 0
+
+
+# ---------------------------------------------------------------- 2. traced processes restarted
+
+def test_traced_job_killed_and_restarted_is_traced_again_and_the_gap_reported(tmp_path):
+    import re
+
+    out = tmp_path / "agent"
+    a = agent(out, "--comm", COMM)
+    try:
+        with psbench(tmp_path / "ps1", duration_s=60, servers=1, workers=1, rate=200) as first:
+            first.wait_ready()
+            wait_for("a closed messages shard", lambda: shards(out), 30)
+            for p in first.procs:
+                p.popen.kill()
+            killed_ns = time.monotonic_ns()
+            for p in first.procs:
+                p.popen.wait()
+        time.sleep(1.0)   # the outage itself (a restart here takes < 1 s), not a wait on anything
+        with psbench(tmp_path / "ps2", duration_s=3, servers=1, workers=1, rate=200) as second:
+            second.wait_ready()
+            restarted_ns = time.monotonic_ns()
+            second.wait()
+        assert a.stop() == 0, a.log_tail()
+    finally:
+        a.kill()
+    rd = read_run_dir(host_dir(out))
+    msgs = rd.tables["messages"]
+    new_pids = set(sum(second.pids.values(), []))
+    again = msgs[msgs.pid.isin(new_pids)]
+    t = again.ts_send_first_enter_ns.fillna(again.ts_recv_last_exit_ns)
+    # traced again: the new processes' messages, sent after they started, with their
+    # framework-boundary times (the uprobes reach processes that start later)
+    assert len(again) > 100 and (t > killed_ns).all(), len(again)
+    assert again.ts_framework_ns.notna().mean() > 0.9
+    assert set(again.op) >= {"push", "pull"}
+
+    start_ns = rd.meta["started_realtime_ns"] - rd.meta["clock"]["offset_ns"]
+    term = " ".join(report(host_dir(out)).stdout.split())
+    found = re.findall(rf"no messages on {re.escape(rd.meta['host_id'])} from ([\d.]+) s to ([\d.]+) s", term)
+    assert found, term
+    gaps = [(float(x), float(y)) for x, y in found]
+    kill_s, back_s = (killed_ns - start_ns) / 1e9, (restarted_ns - start_ns) / 1e9
+    figure("restart_gap_s", f"reported {gaps}; killed at {kill_s:.2f} s, new job ready at {back_s:.2f} s")
+    # the reported gap spans the kill, and ends with the new job's first messages
+    assert any(x - 0.1 <= kill_s <= y and y <= back_s + 2.0 for x, y in gaps), (gaps, kill_s, back_s)

@@ -31,17 +31,19 @@ def test_a_pause_on_one_host_is_named_with_its_span():
 
 def test_a_slow_job_is_not_a_gap_and_short_pauses_are_not_either():
     times = {"slow": _steady(0, 60, every_ms=2000),                     # one message per 2 s
-             "busy": np.concatenate([_steady(0, 5), _steady(5.8, 10)])}  # 0.8 s < GAP_MIN_S
+             "busy": np.concatenate([_steady(0, 5), _steady(5.4, 10)]),  # 0.4 s < GAP_MIN_S
+             # a worker's compute phases: 100 messages, then 1 s of compute, over and over
+             "steps": np.concatenate([_steady(k * 1.1, k * 1.1 + 0.1) for k in range(30)])}
     assert traffic_gaps(times, {}) == []
 
 
 def test_many_gaps_name_the_longest_and_count_the_rest():
-    parts = [_steady(k * 3.0, k * 3.0 + 1.0) for k in range(6)]   # 5 pauses of 2 s
-    parts[-1] = _steady(15.0 + 0.5, 16.0)                           # the last pause 2.5 s
-    gaps = traffic_gaps({"h": np.concatenate(parts)}, {})
+    # steady traffic for 60 s, with pauses of 2 s at 10..40 s and of 2.5 s at 50 s
+    edges = [(0, 10), (12, 20), (22, 30), (32, 40), (42, 50), (52.5, 60)]
+    gaps = traffic_gaps({"h": np.concatenate([_steady(a, b) for a, b in edges])}, {})
     assert len(gaps) == 5 and gaps[0]["seconds"] > gaps[1]["seconds"]
     (text,) = gap_findings({"traffic_gaps": gaps})
-    assert "from 13.0 s to 15.5 s" in text and text.count(" to ") == 3 and "2 shorter gap(s)" in text
+    assert "from 50.0 s to 52.5 s" in text and text.count(" to ") == 3 and "2 shorter gap(s)" in text
 
 
 def test_recorded_psbench_run_with_a_restart_cut_in(tmp_path):
