@@ -214,3 +214,73 @@ def test_a_sync_hint_names_the_next_frame_header_of_a_direction_the_kernel_does_
     assert (sk, tx, frame_index) == (0xABC, True, 0)
     assert (seq - ISN_C - 1) in {f for f, _ in spans} or seq - ISN_C - 1 == len(data)
     assert start < seq - ISN_C - 1
+
+
+# ---------------------------------------------------------------- struct items decoder == probes.sockcalls
+
+def _reference_call(assembler, history, raw: bytes):
+    """A sockcall record decoded the slow, obvious way: probes.sockcalls' ctypes
+    mirrors (CallAssembler, WalkedCall), as the agent did before its struct decoder."""
+    from agent import decode
+    from probes.events import SockcallEvent
+    from probes.sockcalls import Gap
+
+    wc = assembler.add(SockcallEvent.decode(raw))
+    if wc is None or not wc.walkable_bytes:
+        return None
+    view = [(o, x if isinstance(x, bytes) else int(x) if isinstance(x, Gap) else decode.Skip(int(x)))
+            for o, x in wc.stream_view(0)]
+    ends: dict = {}
+    for e in wc.message_ends():
+        st = ends.setdefault(e.call_off, {})
+        if e.rx_times is not None and len(e.rx_times) >= _RX_TIMES.size:
+            nic, netif, dr, _nxt, flags = _RX_TIMES.unpack_from(e.rx_times)
+            st.update(decode.rx_stages(nic, netif, dr, flags))
+    c = decode._call(decode._head(raw), view, ends)
+    for it, body in wc.items:
+        if it.kind == K.SCHED:
+            c.sched = history.snapshot(c.tid, c.exit_ts_ns, body)
+        elif it.kind == K.WINDOW:
+            c.window = body
+    walked = wc.walked_ranges()
+    c.kernel_unsynced = not walked or walked[-1][1] < wc.walkable_bytes
+    return c
+
+
+@pytest.mark.parametrize("name", ["netstack.rec.gz", "psbench.rec.gz"])
+def test_struct_decoder_gives_the_calls_of_the_ctypes_mirrors(name):
+    from pathlib import Path
+
+    from agent.netrows import SchedHistory
+    from agent.sources import read_recording
+    from probes.sockcalls import CallAssembler
+
+    header, events = read_recording(Path(__file__).resolve().parents[1] / "data" / "agent" / name)
+    assert header["sockcall_format"] == "items"
+    fast = SockcallAssembler("items")
+    ref, history = CallAssembler(), SchedHistory()
+    n = kinds = 0
+    seen: set = set()
+    for probe, raw in events:
+        if probe != "sockcalls":
+            continue
+        want, got = _reference_call(ref, history, raw), fast.feed(raw)
+        assert want == got, n
+        if got is not None:
+            assert [type(x) for _, x in got.view] == [type(x) for _, x in want.view]
+            seen.update(type(x).__name__ for _, x in got.view)
+            kinds += got.sched is not None or got.window is not None
+        n += 1
+    assert n > 300 and {"bytes", "Skip"} <= seen
+    if name.startswith("netstack"):
+        assert kinds > 100   # SCHED / WINDOW items were compared too
+
+
+def test_struct_decoder_refuses_what_the_mirrors_refuse():
+    items = SockcallItem(int(K.WALK_START), 0, 8, 0)
+    bad_mark = bytes(items) + bytes(SockcallWalkMark(0, 99, 0, 0))   # an unknown start reason
+    with pytest.raises(ValueError):
+        SockcallAssembler("items").feed(record(True, ISN_C + 1, 10, bad_mark))
+    cut = bytes(SockcallItem(int(K.BYTES), 0, 50, 0)) + b"x" * 10    # claims more than it carries
+    with pytest.raises(ValueError):
+        SockcallAssembler("items").feed(record(True, ISN_C + 1, 10, cut))
