@@ -51,7 +51,9 @@ class ProbeProgram:
 
     # -- life cycle ---------------------------------------------------------
 
-    def load(self) -> "ProbeProgram":
+    def load(self, before_attach: Callable[["ProbeProgram"], None] | None = None) -> "ProbeProgram":
+        """Compile, fill the filters, run before_attach(self) (e.g. fill program arrays
+        the attached programs tail-call: nothing fires before it), then attach."""
         if os.geteuid() != 0:
             raise UserError("loading BPF probes needs root; run pslat with sudo")
         bcc = _bcc()
@@ -61,6 +63,8 @@ class ProbeProgram:
         self.compile_s = t1 - t0
         try:
             self.generated.filters.fill(self.bpf)
+            if before_attach is not None:
+                before_attach(self)
             for probe in self.generated.probes:
                 for a in probe.attach:
                     # bcc wants bytes for names (str works but warns).
