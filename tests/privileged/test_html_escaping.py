@@ -1,11 +1,16 @@
 """Strings from traced data cannot run script in the HTML report and show literally.
 
-Run dirs of a simulated job whose host ids (namespace names, in the virtual cluster) and
-thread names are markup: `<svg/onload=x>` as the comm (15 bytes fit), host ids that try to
-close tags, open comments and add handlers (written into meta.json's host_id and netns name
-and every row, as an agent tracing such a namespace would). Chromium loads the report with a
-trap on `x` and alert: nothing may touch them, and the strings must appear as text."""
+A real job: psbench (scheduler, server, worker) on the loopback of a network namespace
+named with markup, every thread named `<svg/onload=x>` (psbench --proc-name; 15 bytes fit
+the comm), traced by the real agent (--netns NAME), `pslat report -o report.html`.
+And simulated run dirs whose host ids try to close tags, open comments and add handlers
+(more strings than one namespace carries). Chromium loads each report with a trap on `x`
+and alert: nothing may touch them, and the strings must appear as text."""
 import json
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +21,10 @@ from reports.dissect import dissect
 from reports.html import write_html
 from reports.simulate import Sim, simulate
 from reports.simulate_views import ViewSim, add_views
+from agent.child import AgentProcess
+from agent.rundir import META_FILE
+from workloads.psbench.launch import launch
+from workloads.psbench.options import Workload
 from test_html_browser_cdp import ARTIFACTS, Browser, chromium_missing
 
 pytestmark = pytest.mark.privileged
@@ -48,7 +57,23 @@ def _rename(out: Path) -> None:
         d.rename(out / new)
 
 
-def test_markup_in_traced_strings_shows_literally(tmp_path):
+def _load(b: Browser, page: Path, shot: Path, evals: dict | None = None):
+    """The report in Chromium with the trap set before any of its scripts runs (`evals` run
+    before the screenshot, so one may scroll)."""
+    r = b.open(page.resolve().as_uri(), init_script=TRAP, screenshot=shot,
+               texts={"body": "main", "svg": "svg text", "title": "title"},
+               evals={"xss": "window.__xss", "scripts": "document.scripts.length",
+                      "handlers": "document.querySelectorAll('[onload], [onerror], [onmouseover]').length",
+                      **(evals or {})})
+    print(f"\nscreenshot: {shot}, loaded in {r.load_s:.2f} s")
+    assert r.state.get("ready") and r.state["errors"] == [] and r.exceptions == []
+    assert r.texts["xss"] == 0                  # nothing touched the trap: no handler, no injected script ran
+    assert r.texts["scripts"] == 4 and r.texts["handlers"] == 0   # only the report's own scripts
+    assert r.state["plots"] == r.state["expected"] > 0
+    return r
+
+
+def test_markup_in_simulated_host_ids_shows_literally(tmp_path):
     why = chromium_missing()
     if why:
         pytest.skip(why)
@@ -64,20 +89,85 @@ def test_markup_in_traced_strings_shows_literally(tmp_path):
         assert s not in html
     b = Browser(tmp_path / "chromium")
     try:
-        shot = ARTIFACTS / "escaping.png"
-        r = b.open(page.resolve().as_uri(), init_script=TRAP, screenshot=shot,
-                   texts={"body": "main", "svg": "svg text", "title": "title"},
-                   evals={"xss": "window.__xss", "scripts": "document.scripts.length",
-                          "svg_handlers": "document.querySelectorAll('svg[onload], img[onerror]').length"})
+        r = _load(b, page, ARTIFACTS / "escaping.png")
     finally:
         b.close()
-    print(f"\nscreenshot: {shot}")
-    assert r.state.get("ready") and r.state["errors"] == [] and r.exceptions == []
-    assert r.texts["xss"] == 0                  # nothing touched the trap: no handler, no injected script ran
-    assert r.texts["scripts"] == 4 and r.texts["svg_handlers"] == 0   # only the report's own scripts
-    assert r.state["plots"] == r.state["expected"] > 0
     for s in HOSTS.values():
         assert s in r.texts["body"], s          # tables and findings: literal text
         assert s in r.texts["svg"], s           # plot labels (plotly reads HTML in text): literal too
     assert COMM in r.texts["body"]              # the traced processes' thread names
     assert HOSTS["ps0"] in r.texts["title"]
+
+
+# `ip netns` names are file names under /run/netns: anything but "/" (so no closing tag)
+NETNS = "<img src=x onerror=x>&amp;"
+ROOT = Path(__file__).resolve().parents[2]
+PROCESSES = """(() => {
+  const h = [...document.querySelectorAll("h3")].find(e => e.textContent === "Traced processes");
+  h.scrollIntoView();
+  window.scrollBy(0, -120);   // below the sticky navigation bar, with the table's section above
+  return [...h.nextElementSibling.querySelectorAll("tbody tr")].map(tr => [...tr.cells].map(c => c.textContent));
+})()"""
+
+
+def _libzmq() -> Path:
+    import zmq
+    return sorted(Path(zmq.__file__).parent.parent.glob("pyzmq.libs/libzmq*.so*"))[0]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def test_traced_process_and_namespace_named_with_markup(tmp_path):
+    """The real path: a process whose comm is markup, in a namespace whose name is markup,
+    through the agent and `pslat report` into the browser."""
+    why = chromium_missing() or (None if shutil.which("ip") else "iproute2's ip is missing")
+    if why:
+        pytest.skip(why)
+    t0 = time.monotonic()
+    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)   # a run killed before its finally
+    _ip("netns", "add", NETNS)
+    try:
+        _ip("-n", NETNS, "link", "set", "lo", "up")
+        out = tmp_path / "agent"
+        with AgentProcess(out, ["--lib", str(_libzmq()), "--netns", NETNS, "--no-netstack",
+                                "--sample-rate", "1"]) as agent:
+            t_agent = time.monotonic() - t0
+            # psbench inside the namespace: `ip netns exec` execs it there (same pid)
+            job = launch(tmp_path / "ps", [(r, None, "127.0.0.1") for r in ("scheduler", "server", "worker")],
+                         lambda _h, argv, **kw: subprocess.Popen(["ip", "netns", "exec", NETNS, *argv], **kw),
+                         ("127.0.0.1", 9091),
+                         Workload.from_kwargs(duration_s=2.0, rate=100.0, proc_name=COMM), die_with_parent=True)
+            with job:
+                for n in job.wait_ready().values():
+                    comms = {p.read_text().strip() for p in Path(f"/proc/{n['pid']}/task").glob("*/comm")}
+                    assert comms == {COMM}, (n["role"], comms)
+                job.wait()
+            assert agent.stop() == 0, agent.log_tail()
+        run_dir = out / NETNS     # the host id is the namespace's name, a safe directory name
+        assert [p.name for p in out.iterdir()] == [NETNS]
+        meta = json.loads((run_dir / META_FILE).read_text())
+        assert meta["host_id"] == NETNS and meta["counters"]["messages"] > 0
+    finally:
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+    t_traced = time.monotonic() - t0
+    page = tmp_path / "report.html"
+    subprocess.run([sys.executable, "-m", "agent.cli", "report", str(out), "-o", str(page)], cwd=ROOT,
+                   check=True, capture_output=True, timeout=60)
+    html = page.read_text()
+    assert NETNS not in html and COMM not in html      # neither raw in the file, anywhere
+    b = Browser(tmp_path / "chromium")
+    try:
+        r = _load(b, page, ARTIFACTS / "escaping-traced.png")
+        assert NETNS in r.texts["body"] and NETNS in r.texts["svg"] and NETNS in r.texts["title"]
+        # the second screenshot shows the traced processes' table: the host and the thread names
+        r = _load(b, page, ARTIFACTS / "escaping-traced-processes.png", evals={"procs": PROCESSES})
+    finally:
+        b.close()
+    rows = [line for line in r.texts["procs"] if line[0] == NETNS]
+    # scheduler, server, worker; libzmq's I/O thread named itself ZMQbg/IO/0 for the job's first
+    # messages (psbench renames it once the job formed)
+    assert len(rows) == 3 and all(COMM in line[3].split(", ") for line in rows), r.texts["procs"]
+    print(f"agent ready {t_agent:.1f} s, traced and stopped {t_traced:.1f} s, "
+          f"report and browser {time.monotonic() - t0 - t_traced:.1f} s")
