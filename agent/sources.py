@@ -44,7 +44,9 @@ RECORD_MAGIC = b"PSLATREC"
 RECORD_VERSION = 1
 _REC_HEAD = struct.Struct("<B3xI")
 NOTE_PROBE = "agent"
-RESCAN_INTERVAL_S = 1.0
+RESCAN_INTERVAL_S = 0.25     # new processes: listing /proc costs ~1 ms; a late pickup misses messages
+YOUNG_S = 10.0               # a process refused when first seen is checked again for this long,
+RECHECK_S = 0.25             # at most this often (ProcessSelector.selected)
 LIB_WAIT_S = 30.0
 # Ring sizes: big enough to ride out a burst while the consumer is descheduled
 # (the agent shares its cores with the job). 16 MiB each: ~60k sockcall events
@@ -196,11 +198,32 @@ class ProcessSelector:
         self.sel = sel
         self._comms = {c.rstrip(b"\0") for c in sel.comms}
         self._cache: dict[int, bool] = {}
+        self._young: dict[int, tuple[float, float]] = {}   # tgid -> (first refused, last checked)
 
     def selected(self, tgid: int) -> bool:
         got = self._cache.get(tgid)
+        if got:
+            return True
+        now = time.monotonic()
         if got is None:
             got = self._cache[tgid] = self._check(tgid)
+            if not got:
+                self._young[tgid] = (now, now)
+            return got
+        # Refused, but maybe too early: `ip netns exec`, nsenter and shells fork, then
+        # setns or exec: the pid gets its netns and comm moments after it appears.
+        # Kept refused for good, its framework events would be dropped for ever.
+        seen = self._young.get(tgid)
+        if seen is None or now - seen[1] < RECHECK_S:
+            return False
+        if now - seen[0] > YOUNG_S:
+            del self._young[tgid]
+            return False
+        got = self._cache[tgid] = self._check(tgid)
+        if got:
+            del self._young[tgid]
+        else:
+            self._young[tgid] = (seen[0], now)
         return got
 
     def _check(self, tgid: int) -> bool:
@@ -214,15 +237,21 @@ class ProcessSelector:
 
     def forget(self, tgid: int) -> None:
         self._cache.pop(tgid, None)
+        self._young.pop(tgid, None)
 
     def running(self) -> list[int]:
         """Selected processes running now."""
         if not self.sel.dynamic:
             return [p for p in self.sel.pids if self.selected(p)]
         out = []
-        for d in os.listdir("/proc"):
-            if d.isdigit() and self.selected(int(d)):
-                out.append(int(d))
+        alive = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+        for tgid in alive:
+            if self.selected(tgid):
+                out.append(tgid)
+        if len(self._cache) > 2 * len(alive) + 1024:   # forget processes that exited
+            keep = set(alive)
+            self._cache = {t: v for t, v in self._cache.items() if t in keep}
+            self._young = {t: v for t, v in self._young.items() if t in keep}
         return out
 
 
@@ -328,7 +357,7 @@ class LiveSource:
 
         gen = self.generated()
         try:
-            return ProbeProgram(gen).load()
+            return ProbeProgram(gen).load(before_attach=self._install_walker)
         except UserError:
             raise
         except Exception as e:
@@ -338,7 +367,8 @@ class LiveSource:
             self.warn(f"the netstack probe did not load ({e}); tracing without it: kernel "
                       "stage times will be null")
             self.netstack_error = str(e)
-            return ProbeProgram(self.generated(netstack=False)).load()
+            self.walker_error = None
+            return ProbeProgram(self.generated(netstack=False)).load(before_attach=self._install_walker)
 
     def start(self) -> "LiveSource":
         try:
@@ -346,8 +376,7 @@ class LiveSource:
             # until start() returns, and the kernel probes' compile is the long one
             # (seconds on a busy machine), which would overflow the framework ring. The
             # first messages then lack their framework record (and say so).
-            self.program = self._load_kernel_probes()
-            self._install_walker()
+            self.program = self._load_kernel_probes()   # the walker installed before any probe attached
             for probe in self.program.generated.probes:
                 name = probe.name
 
@@ -364,13 +393,15 @@ class LiveSource:
             raise
         return self
 
-    def _install_walker(self) -> None:
+    def _install_walker(self, program) -> None:
+        """Before the probes attach (ProbeProgram.load's before_attach): a call traced
+        before the walker's programs are in place would end unwalked."""
         from probes import sockcalls
         install = getattr(sockcalls, "install_walker", None)
         if install is None:
             return
         try:   # the ZMTP walker runs as tail calls the loader fills in
-            install(self.program)
+            install(program)
         except Exception as e:
             # calls are still traced, with a raw prefix each: say so, go on
             self.walker_error = str(e)
