@@ -27,6 +27,7 @@ import pandas as pd
 
 from reports import components as C
 from reports.extra import Timeline, request_times_ref
+from reports.summary import Columns
 
 MAX_BUCKET = 16          # counts above this are pooled ("16+")
 _BEFORE_SERVER_USER = C.BASE[:C.BASE.index("server_user")]
@@ -107,40 +108,43 @@ def _q(v: np.ndarray, q: float) -> float | None:
     return float(np.percentile(v, q)) / 1e3 if len(v) else None
 
 
-def _mean_us(s: pd.Series) -> float | None:
-    v = s.dropna()
-    return float(v.astype("float64").mean()) / 1e3 if len(v) else None
+def _mean_us(v: np.ndarray) -> float | None:
+    v = v[~np.isnan(v)]
+    return float(v.mean()) / 1e3 if len(v) else None
 
 
-def by_count(req: pd.DataFrame, counts: pd.Series, side: str) -> list[dict[str, Any]]:
+def by_count(req: pd.DataFrame | Columns, counts: pd.Series, side: str) -> list[dict[str, Any]]:
     """Rows per in-flight count: requests, e2e p50/p99 and the socket wait split (us)."""
+    cols = req if isinstance(req, Columns) else Columns(req)
     rows = []
     c = counts.astype("float64").to_numpy()
     bucket = np.where(np.isnan(c), np.nan, np.minimum(c, MAX_BUCKET))
     for b in np.unique(bucket[~np.isnan(bucket)]):
         sel = bucket == b
-        r = req[sel]
-        e2e = r["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
-        e2e = e2e[~np.isnan(e2e)]
+        r = cols.sub(np.flatnonzero(sel))
+        e2e = r.present("e2e")
         rows.append({"conns": int(b), "pooled": bool(b == MAX_BUCKET), "requests": int(sel.sum()),
                      "e2e_p50_us": _q(e2e, 50), "e2e_p99_us": _q(e2e, 99),
-                     "sock_wait_us": _mean_us(r[f"{side}_sock_wait"]),
-                     "runq_wait_us": _mean_us(r[f"{side}_runq_wait"]),
-                     "busy_wait_us": _mean_us(r[f"{side}_busy_wait"]),
-                     "kernel_rx_us": _mean_us(r[f"{side}_kernel_rx"])})
+                     "sock_wait_us": _mean_us(r(f"{side}_sock_wait")),
+                     "runq_wait_us": _mean_us(r(f"{side}_runq_wait")),
+                     "busy_wait_us": _mean_us(r(f"{side}_busy_wait")),
+                     "kernel_rx_us": _mean_us(r(f"{side}_kernel_rx"))})
     return rows
 
 
-def split(req: pd.DataFrame, side: str) -> dict[str, Any]:
+def split(req: pd.DataFrame | Columns, side: str) -> dict[str, Any]:
     """The socket wait of one side, and how much of it is run-queue vs busy-elsewhere."""
-    sw = req[f"{side}_sock_wait"].dropna().astype("float64")
-    rq = req[f"{side}_runq_wait"].dropna().astype("float64")
-    bz = req[f"{side}_busy_wait"].dropna().astype("float64")
-    e2e = req["e2e"].astype("float64")
-    known = req[f"{side}_runq_wait"].notna()
-    return {"requests_with_sock_wait": int(len(sw)), "requests_with_split": int(known.sum()),
+    cols = req if isinstance(req, Columns) else Columns(req)
+    sw_all = cols(f"{side}_sock_wait")
+    has_sw = ~np.isnan(sw_all)
+    sw = sw_all[has_sw]
+    rq = cols.present(f"{side}_runq_wait")
+    bz = cols.present(f"{side}_busy_wait")
+    e2e_sw = cols("e2e")[has_sw]
+    e2e_sum = np.where(np.isnan(e2e_sw), 0.0, e2e_sw).sum()   # null e2e adds nothing
+    return {"requests_with_sock_wait": int(len(sw)), "requests_with_split": int(len(rq)),
             "sock_wait_mean_us": float(sw.mean()) / 1e3 if len(sw) else None,
-            "sock_wait_share_of_e2e": float(sw.sum() / e2e[sw.index].sum()) if len(sw) and e2e[sw.index].sum() else None,
+            "sock_wait_share_of_e2e": float(sw.sum() / e2e_sum) if len(sw) and e2e_sum else None,
             "runq_share": float(rq.sum() / (rq.sum() + bz.sum())) if len(rq) and (rq.sum() + bz.sum()) else None,
             "busy_share": float(bz.sum() / (rq.sum() + bz.sum())) if len(bz) and (rq.sum() + bz.sum()) else None}
 
@@ -153,7 +157,7 @@ def concurrency(d, tl: Timeline) -> dict[str, Any]:
     pr = per_request(done, tl)
     out: dict[str, Any] = {}
     for op, rows in done.groupby("op", sort=True, observed=True).indices.items():
-        r, p = done.iloc[rows], pr.iloc[rows]
+        r, p = Columns(done, rows), pr.iloc[rows]
         # the worker's own components are named client_*
         out[str(op)] = {side: {"by_conns": by_count(r, p[f"{side}_conns"], prefix),
                                "requests_counted": int(p[f"{side}_conns"].notna().sum()),

@@ -22,7 +22,7 @@ import pandas as pd
 
 from reports import components as C
 from reports.clocks import ClockModel, clock_models, one_way_samples
-from reports.load import Loaded, load
+from reports.load import Loaded, load, release_memory
 from reports.pairing import EndStats, RequestStats, pair_ends, pair_requests
 
 SERVER_COLUMNS = [C.POINTS[k] for k in C.SERVER_POINTS] + C.SERVER_EXTRA
@@ -45,7 +45,10 @@ class Dissection:
         made once per requests table (each view asks for it: a copy of 1M rows each time)."""
         cached = self.__dict__.get("_complete")
         if cached is None or cached[0] is not self.requests:
-            cached = self.__dict__["_complete"] = (self.requests, self.requests[self.requests["complete"]])
+            r = self.requests
+            # all complete (the usual case): a shallow copy, not a second copy of the table
+            done = r.copy(deep=False) if r["complete"].all() else r[r["complete"]]
+            cached = self.__dict__["_complete"] = (r, done)
         return cached[1]
 
 
@@ -62,9 +65,11 @@ def dissect_loaded(loaded: Loaded, force_estimate: bool = False) -> Dissection:
     messages, loaded.messages = loaded.messages, None
     msgs, end_stats = pair_ends(messages)
     del messages
+    release_memory()   # each step's garbage off the next one's peak (see there)
     samples = one_way_samples(msgs)
     req, rstats = pair_requests(msgs)
     del msgs
+    release_memory()
     req["worker_host"] = _host_col(req, "q_tx_host_id", "p_rx_host_id")
     req["server_host"] = _host_col(req, "q_rx_host_id", "p_tx_host_id")
     pairs = set()
