@@ -5,12 +5,23 @@
  *            zmq_socket (entry+return, to learn socket types)
  *   ps-lite: ps::ZMQVan::SendMsg (entry+return), ps::ZMQVan::RecvMsg (entry+return)
  *
- * One event per completed call, emitted at the return so a failed call (EAGAIN
- * of a non-blocking send or recv) can be dropped here and only counted.
- * Entry state lives in `inflight`, keyed by thread and kind: one slot per
- * thread, reused call after call and filled in place, because copying a
- * fresh 144-byte event in and deleting it again cost more than the rest of
- * the program (measured: ~300 ns of ~900 ns per entry).
+ * One ring event per message, not per call: a ps-lite message is 3-5 zmq
+ * frames (ROUTER routing id, meta, keys, vals, lens), and one event per frame
+ * made this probe 95% of all events under load. The frames of a thread's zmq
+ * message accumulate in its slot of `inflight` (keyed by thread and kind, so
+ * by direction): times of the first and last call, each frame's size and
+ * first FW_CAPTURE_BYTES bytes; the event goes out at the return of the frame
+ * sent without ZMQ_SNDMORE / received without "more". An event carries at
+ * most FW_MAX_FRAMES frames: a longer message, or frames of another socket
+ * interleaved on the same thread, send the frames so far as an event with
+ * `more` set, and user space joins the pieces (it keys by thread, socket and
+ * direction, as it did for single frames).
+ *
+ * A failed call (EAGAIN of a non-blocking send or recv) adds no frame and is
+ * only counted: the application sends or receives that frame again.
+ * The slot is reused call after call and filled in place, because copying a
+ * fresh event in and deleting it again cost more than the rest of the
+ * program (measured: ~300 ns of ~900 ns per entry).
  *
  * Every constant below comes from probes/framework.py as -D NAME=integer:
  * the zmq_msg_t layout is measured on the traced libzmq itself
@@ -18,8 +29,9 @@
  */
 #include <uapi/linux/ptrace.h>
 
-#if !defined(FW_CAPTURE_BYTES) || !defined(FW_RINGBUF_PAGES) || !defined(FW_INFLIGHT_MAX)
-#error "probes/framework.py passes FW_CAPTURE_BYTES, FW_RINGBUF_PAGES and FW_INFLIGHT_MAX"
+#if !defined(FW_CAPTURE_BYTES) || !defined(FW_RINGBUF_PAGES) || !defined(FW_INFLIGHT_MAX) || \
+    !defined(FW_MAX_FRAMES)
+#error "probes/framework.py passes FW_CAPTURE_BYTES, FW_MAX_FRAMES, FW_RINGBUF_PAGES and FW_INFLIGHT_MAX"
 #endif
 #if !defined(ZMQ_MSG_BYTES) || !defined(ZMQ_CONTENT_BLOCK_BYTES) || !defined(ZMQ_TYPE_OFF) || \
     !defined(ZMQ_FLAGS_OFF) || !defined(ZMQ_MORE_MASK) || !defined(ZMQ_VSM_TYPE) || !defined(ZMQ_VSM_DATA_OFF) || !defined(ZMQ_VSM_SIZE_OFF) || \
@@ -28,6 +40,12 @@
     !defined(ZMQ_CONTENT_SIZE_OFF) || !defined(ZMQ_CMSG_TYPE) || \
     !defined(ZMQ_CMSG_DATA_OFF) || !defined(ZMQ_CMSG_SIZE_OFF)
 #error "probes/framework.py passes the calibrated zmq_msg_t layout (ZMQ_*)"
+#endif
+/* A power of two: the frame index is masked for the verifier. A capture of up
+ * to 255 bytes: its length is a u8. */
+#if FW_MAX_FRAMES < 1 || FW_MAX_FRAMES > 64 || (FW_MAX_FRAMES & (FW_MAX_FRAMES - 1)) || \
+    FW_CAPTURE_BYTES < 8 || FW_CAPTURE_BYTES > 255
+#error "FW_MAX_FRAMES must be a power of two <= 64 and FW_CAPTURE_BYTES in [8, 255]"
 #endif
 
 enum fw_kind {
@@ -39,34 +57,50 @@ enum fw_kind {
 };
 
 enum fw_counter {
-    FW_SEEN = 0,          /* calls completed and submitted */
+    FW_SEEN = 0,          /* events submitted (zmq: messages, or pieces of one) */
     FW_LOST = 1,          /* ring buffer full */
-    FW_FAILED = 2,        /* call returned an error (e.g. EAGAIN): not submitted */
+    FW_FAILED = 2,        /* call returned an error (e.g. EAGAIN): nothing added */
     FW_ORPHAN = 3,        /* return without its entry (attached mid-call, or inflight full) */
     FW_INFLIGHT_FULL = 4, /* entry state could not be saved */
-    FW_NCOUNTERS = 5,
+    FW_FRAMES = 5,        /* zmq frames completed (and added to a message) */
+    FW_PIECES = 6,        /* events sent before their message ended (more set) */
+    FW_NCOUNTERS = 7,
 };
 
 /* Mirrored by FwEvent in probes/framework.py (checked at every start against
  * the `fw_event_layout` map, whose leaf type bcc derives from this declaration).
+ * Only the first `frames` heads are sent: the record is cut after them.
  * Explicit padding: no hole the compiler could place differently. */
 struct fw_event {
-    u64 ts_ns;       /* call entry, CLOCK_MONOTONIC */
-    u64 ret_ts_ns;   /* call return */
-    u64 sock;        /* zmq: socket handle; ps: the ZMQVan (this) */
-    u64 obj;         /* zmq: zmq_msg_t *; ps: ps::Message * */
-    s64 ret;         /* return value: frame/message bytes; zmq_socket: 0, or -1 if it failed */
-    u64 size;        /* zmq: frame size read from the zmq_msg_t */
+    u64 ts_ns;            /* entry of the first call, CLOCK_MONOTONIC */
+    u64 first_ret_ts_ns;  /* return of the first call */
+    u64 ret_ts_ns;        /* return of the last call */
+    u64 sock;             /* zmq: socket handle; ps: the ZMQVan (this) */
+    s64 ret;              /* last call's return: zmq frame bytes; ps message bytes; zmq_socket 0 or -1 */
     u32 tgid;
     u32 tid;
-    s32 arg;         /* zmq_msg_send: flags; zmq_socket: socket type */
-    u16 data_len;    /* valid bytes in data */
-    u8 kind;         /* enum fw_kind */
-    u8 more;         /* send: ZMQ_SNDMORE given; recv: the frame's "more" flag */
-    u8 msg_type;     /* zmq: the zmq_msg_t type tag (diagnostics) */
-    u8 busy;         /* the slot holds an entry whose return has not come yet */
-    u8 _pad[6];
-    u8 data[FW_CAPTURE_BYTES]; /* zmq: first bytes of the frame; ps: start of ps::Meta */
+    s32 arg;              /* zmq_msg_send: flags of the last call; zmq_socket: socket type */
+    u8 kind;              /* enum fw_kind */
+    u8 more;              /* zmq: the message goes on in a later event */
+    u8 frames;            /* zmq: frames in this event (1..FW_MAX_FRAMES); ps: 1; zmq_socket: 0 */
+    u8 _pad;
+    u64 sizes[FW_MAX_FRAMES];    /* zmq: each frame's size read from its zmq_msg_t */
+    u8 head_len[FW_MAX_FRAMES];  /* valid bytes of each head */
+    /* [frame][byte], flat: bcc's view of a map's leaf type keeps only one dimension.
+     * zmq: first bytes of each frame; ps: start of ps::Meta. */
+    u8 heads[FW_MAX_FRAMES * FW_CAPTURE_BYTES];
+};
+
+/* A thread's state for one kind: the message so far, and the call in progress. */
+struct fw_slot {
+    struct fw_event ev;
+    u64 call_ts_ns;
+    u64 call_sock;
+    u64 obj;        /* zmq: zmq_msg_t *; ps: ps::Message * */
+    s32 call_arg;
+    u8 busy;        /* a call whose return has not come yet */
+    u8 call_more;   /* the frame of this call has "more" */
+    u8 _pad[2];
 };
 
 struct fw_key {
@@ -75,13 +109,13 @@ struct fw_key {
 };
 
 /* LRU: threads that exit leave their slot behind; the oldest are reused. */
-BPF_TABLE("lru_hash", struct fw_key, struct fw_event, inflight, FW_INFLIGHT_MAX);
+BPF_TABLE("lru_hash", struct fw_key, struct fw_slot, inflight, FW_INFLIGHT_MAX);
 BPF_PERCPU_ARRAY(counters, u64, FW_NCOUNTERS);
 BPF_RINGBUF_OUTPUT(events, FW_RINGBUF_PAGES);
 BPF_ARRAY(fw_event_layout, struct fw_event, 1);  /* never written: only its type is used */
 
 /* Never written: the initial value of a thread's slot (too big for the stack). */
-BPF_ARRAY(zero_event, struct fw_event, 1);
+BPF_ARRAY(zero_slot, struct fw_slot, 1);
 
 static __always_inline void count(u32 which)
 {
@@ -100,25 +134,28 @@ static __always_inline void count(u32 which)
 #error "zmq_msg_t layout constants out of range"
 #endif
 
-/* Size and first bytes of the frame in a zmq_msg_t, by its type tag. The
- * zmq_msg_t is read in one go: each bpf_probe_read_user costs ~100 ns here. */
-static __always_inline void read_frame(struct fw_event *e, const u8 *msg)
+/* Size, first bytes and (recv) "more" flag of the frame in a zmq_msg_t, by its
+ * type tag, into frame n of the slot's message. The zmq_msg_t is read in one
+ * go: each bpf_probe_read_user costs ~100 ns here. */
+static __always_inline void read_frame(struct fw_slot *s, u32 n, const u8 *msg, int want_more)
 {
     u8 raw[ZMQ_MSG_BYTES];
     const u8 *data = 0;
     u64 size = 0;
 
+    n &= FW_MAX_FRAMES - 1;
+    s->ev.sizes[n] = 0;
+    s->ev.head_len[n] = 0;
     if (bpf_probe_read_user(raw, sizeof(raw), msg) != 0)
         return;
+    if (want_more)
+        s->call_more = (raw[ZMQ_FLAGS_OFF] & ZMQ_MORE_MASK) != 0;
     u8 tag = raw[ZMQ_TYPE_OFF];
-    e->msg_type = tag;
-    if (e->kind == FW_ZMQ_RECV)
-        e->more = (raw[ZMQ_FLAGS_OFF] & ZMQ_MORE_MASK) != 0;
     if (tag == ZMQ_VSM_TYPE) {
         size = FW_MIN(raw[ZMQ_VSM_SIZE_OFF], ZMQ_VSM_MAX_BYTES);
-        e->size = size;
-        __builtin_memcpy(e->data, raw + ZMQ_VSM_DATA_OFF, FW_VSM_COPY);
-        e->data_len = FW_MIN(size, FW_VSM_COPY);
+        s->ev.sizes[n] = size;
+        __builtin_memcpy(s->ev.heads + n * FW_CAPTURE_BYTES, raw + ZMQ_VSM_DATA_OFF, FW_VSM_COPY);
+        s->ev.head_len[n] = FW_MIN(size, FW_VSM_COPY);
         return;
     }
     if (tag == ZMQ_LMSG_TYPE || tag == ZMQ_ZCLMSG_TYPE) {
@@ -135,72 +172,124 @@ static __always_inline void read_frame(struct fw_event *e, const u8 *msg)
     } else {
         return;  /* a kind we do not read (delimiter, join/leave): size 0, no data */
     }
-    e->size = size;
-    u32 n = size < FW_CAPTURE_BYTES ? (u32)size : FW_CAPTURE_BYTES;
+    s->ev.sizes[n] = size;
+    u32 len = size < FW_CAPTURE_BYTES ? (u32)size : FW_CAPTURE_BYTES;
     /* Bounded for the verifier; a frame shorter than the capture is read exactly,
      * so the read never runs off the end of its buffer into an unmapped page. */
-    n &= (2 * FW_CAPTURE_BYTES - 1);
-    if (n > FW_CAPTURE_BYTES)
-        n = FW_CAPTURE_BYTES;
-    if (data && bpf_probe_read_user(e->data, n, data) == 0)
-        e->data_len = n;
+    len &= (2 * FW_CAPTURE_BYTES - 1);
+    if (len > FW_CAPTURE_BYTES)
+        len = FW_CAPTURE_BYTES;
+    if (data && bpf_probe_read_user(s->ev.heads + n * FW_CAPTURE_BYTES, len, data) == 0)
+        s->ev.head_len[n] = len;
 }
 
-/* This thread's slot for `kind`, reset for a new call (stale data bytes past
- * data_len are left: user space reads only data_len of them). */
-static __always_inline struct fw_event *begin(u8 kind)
+/* This thread's slot for `kind` (made on its first call). */
+static __always_inline struct fw_slot *slot_of(u32 tid, u8 kind)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    struct fw_key key = {.tid = (u32)id, .kind = kind};
-    struct fw_event *e = inflight.lookup(&key);
-    if (!e) {
-        u32 zero = 0;
-        struct fw_event *z = zero_event.lookup(&zero);
-        if (!z || inflight.update(&key, z) != 0 || !(e = inflight.lookup(&key))) {
-            count(FW_INFLIGHT_FULL);
-            return 0;
-        }
-    }
-    e->ts_ns = bpf_ktime_get_ns();
-    e->ret_ts_ns = 0;
-    e->sock = 0;
-    e->obj = 0;
-    e->ret = 0;
-    e->size = 0;
-    e->tgid = id >> 32;
-    e->tid = (u32)id;
-    e->arg = 0;
-    e->data_len = 0;
-    e->kind = kind;
-    e->more = 0;
-    e->msg_type = 0;
-    e->busy = 1;
-    return e;
+    struct fw_key key = {.tid = tid, .kind = kind};
+    struct fw_slot *s = inflight.lookup(&key);
+    if (s)
+        return s;
+    u32 zero = 0;
+    struct fw_slot *z = zero_slot.lookup(&zero);
+    if (!z || inflight.update(&key, z) != 0 || !(s = inflight.lookup(&key)))
+        count(FW_INFLIGHT_FULL);
+    return s;
 }
 
-/* Completes this thread's call of `kind`; NULL if its entry was not seen. */
-static __always_inline struct fw_event *finish(struct pt_regs *ctx, u8 kind, s64 ret)
+/* Sends the event in the slot: its fixed part and its first `frames` heads. */
+static __always_inline void emit(struct fw_slot *s)
 {
-    struct fw_key key = {.tid = (u32)bpf_get_current_pid_tgid(), .kind = kind};
-    struct fw_event *e = inflight.lookup(&key);
-    if (!e || !e->busy) {
-        count(FW_ORPHAN);
-        return 0;
-    }
-    e->ret_ts_ns = bpf_ktime_get_ns();
-    e->ret = ret;
-    return e;
-}
-
-static __always_inline int submit(struct fw_event *e)
-{
-    if (e->ret < 0)
-        count(FW_FAILED);
-    else if (events.ringbuf_output(e, sizeof(*e), 0) != 0)
+    u32 n = s->ev.frames;
+    if (n > FW_MAX_FRAMES)
+        n = FW_MAX_FRAMES;
+    u32 len = offsetof(struct fw_event, heads) + n * FW_CAPTURE_BYTES;
+    if (events.ringbuf_output(&s->ev, len, 0) != 0)
         count(FW_LOST);
     else
         count(FW_SEEN);
-    e->busy = 0;
+}
+
+/* Records a call's entry in the slot. */
+static __always_inline struct fw_slot *enter(struct pt_regs *ctx, u8 kind)
+{
+    struct fw_slot *s = slot_of((u32)bpf_get_current_pid_tgid(), kind);
+    if (!s)
+        return 0;
+    s->call_ts_ns = bpf_ktime_get_ns();
+    s->call_sock = PT_REGS_PARM2(ctx);
+    s->obj = PT_REGS_PARM1(ctx);
+    s->call_arg = (s32)PT_REGS_PARM3(ctx);
+    s->call_more = 0;
+    s->busy = 1;
+    return s;
+}
+
+/* The slot of this thread's call of `kind` at its return; NULL if its entry was not seen. */
+static __always_inline struct fw_slot *leave(u8 kind)
+{
+    struct fw_key key = {.tid = (u32)bpf_get_current_pid_tgid(), .kind = kind};
+    struct fw_slot *s = inflight.lookup(&key);
+    if (!s || !s->busy) {
+        count(FW_ORPHAN);
+        return 0;
+    }
+    s->busy = 0;
+    return s;
+}
+
+/* --- zmq frames, accumulated into messages ----------------------------------------- */
+
+static __always_inline struct fw_slot *zmq_enter(struct pt_regs *ctx, u8 kind)
+{
+    struct fw_slot *s = enter(ctx, kind);
+    if (!s)
+        return 0;
+    /* The message so far goes out now if this frame cannot join it. */
+    if (s->ev.frames && (s->ev.sock != s->call_sock || s->ev.frames >= FW_MAX_FRAMES)) {
+        s->ev.more = 1;
+        emit(s);
+        count(FW_PIECES);
+        s->ev.frames = 0;
+    }
+    return s;
+}
+
+static __always_inline int zmq_leave(struct pt_regs *ctx, u8 kind)
+{
+    struct fw_slot *s = leave(kind);
+    if (!s)
+        return 0;
+    s64 ret = (s32)PT_REGS_RC(ctx);
+    if (ret < 0) {
+        count(FW_FAILED);
+        return 0;
+    }
+    u32 n = s->ev.frames;
+    if (n >= FW_MAX_FRAMES)   /* zmq_enter emptied a full slot: not reached */
+        return 0;
+    if (kind == FW_ZMQ_RECV)  /* the frame is in the zmq_msg_t only now */
+        read_frame(s, n, (const u8 *)s->obj, 1);
+    u64 now = bpf_ktime_get_ns();
+    if (n == 0) {
+        u64 id = bpf_get_current_pid_tgid();
+        s->ev.ts_ns = s->call_ts_ns;
+        s->ev.first_ret_ts_ns = now;
+        s->ev.sock = s->call_sock;
+        s->ev.tgid = id >> 32;
+        s->ev.tid = (u32)id;
+        s->ev.kind = kind;
+    }
+    s->ev.ret_ts_ns = now;
+    s->ev.ret = ret;
+    s->ev.arg = s->call_arg;
+    s->ev.frames = n + 1;
+    count(FW_FRAMES);
+    if (!s->call_more) {
+        s->ev.more = 0;
+        emit(s);
+        s->ev.frames = 0;
+    }
     return 0;
 }
 
@@ -208,97 +297,109 @@ static __always_inline int submit(struct fw_event *e)
  * Read at entry: libzmq moves the frame out of msg while sending. */
 int zmq_send_entry(struct pt_regs *ctx)
 {
-    struct fw_event *e = begin(FW_ZMQ_SEND);
-    if (!e)
+    struct fw_slot *s = zmq_enter(ctx, FW_ZMQ_SEND);
+    if (!s)
         return 0;
-    e->obj = PT_REGS_PARM1(ctx);
-    e->sock = PT_REGS_PARM2(ctx);
-    e->arg = (s32)PT_REGS_PARM3(ctx);
-    e->more = (e->arg & 2 /* ZMQ_SNDMORE, public API */) != 0;
-    read_frame(e, (const u8 *)e->obj);
+    s->call_more = (s->call_arg & 2 /* ZMQ_SNDMORE, public API */) != 0;
+    read_frame(s, s->ev.frames, (const u8 *)s->obj, 0);
     return 0;
 }
 
-int zmq_send_return(struct pt_regs *ctx)
-{
-    struct fw_event *e = finish(ctx, FW_ZMQ_SEND, (s32)PT_REGS_RC(ctx));
-    return e ? submit(e) : 0;
-}
+int zmq_send_return(struct pt_regs *ctx) { return zmq_leave(ctx, FW_ZMQ_SEND); }
 
-/* int zmq_msg_recv(zmq_msg_t *msg, void *socket, int flags)
- * Read at return: the frame is in msg only then. */
+/* int zmq_msg_recv(zmq_msg_t *msg, void *socket, int flags) */
 int zmq_recv_entry(struct pt_regs *ctx)
 {
-    struct fw_event *e = begin(FW_ZMQ_RECV);
-    if (!e)
-        return 0;
-    e->obj = PT_REGS_PARM1(ctx);
-    e->sock = PT_REGS_PARM2(ctx);
-    e->arg = (s32)PT_REGS_PARM3(ctx);
+    zmq_enter(ctx, FW_ZMQ_RECV);
     return 0;
 }
 
-int zmq_recv_return(struct pt_regs *ctx)
+int zmq_recv_return(struct pt_regs *ctx) { return zmq_leave(ctx, FW_ZMQ_RECV); }
+
+/* --- one event per call: zmq_socket, ps::ZMQVan ---------------------------------------- */
+
+/* The slot's event as the record of one call that just returned. */
+static __always_inline void call_event(struct fw_slot *s, u8 kind, s64 ret, u64 sock, u8 frames)
 {
-    struct fw_event *e = finish(ctx, FW_ZMQ_RECV, (s32)PT_REGS_RC(ctx));
-    if (!e)
-        return 0;
-    if (e->ret >= 0)
-        read_frame(e, (const u8 *)e->obj);
-    return submit(e);
+    u64 id = bpf_get_current_pid_tgid();
+    s->ev.ts_ns = s->call_ts_ns;
+    s->ev.ret_ts_ns = s->ev.first_ret_ts_ns = bpf_ktime_get_ns();
+    s->ev.sock = sock;
+    s->ev.ret = ret;
+    s->ev.tgid = id >> 32;
+    s->ev.tid = (u32)id;
+    s->ev.arg = s->call_arg;
+    s->ev.kind = kind;
+    s->ev.more = 0;
+    s->ev.frames = frames;
+    s->ev.sizes[0] = 0;
+    if (ret < 0)
+        count(FW_FAILED);
+    else
+        emit(s);
 }
 
 /* void *zmq_socket(void *ctx, int type): which handles are ROUTER sockets. */
 int zmq_socket_entry(struct pt_regs *ctx)
 {
-    struct fw_event *e = begin(FW_ZMQ_SOCKET);
-    if (!e)
-        return 0;
-    e->arg = (s32)PT_REGS_PARM2(ctx);
+    struct fw_slot *s = enter(ctx, FW_ZMQ_SOCKET);
+    if (s)
+        s->call_arg = (s32)PT_REGS_PARM2(ctx);
     return 0;
 }
 
 int zmq_socket_return(struct pt_regs *ctx)
 {
+    struct fw_slot *s = leave(FW_ZMQ_SOCKET);
     u64 handle = PT_REGS_RC(ctx);
-    struct fw_event *e = finish(ctx, FW_ZMQ_SOCKET, handle ? 0 : -1);
-    if (!e)
-        return 0;
-    e->sock = handle;
-    return submit(e);
-}
-
-/* int ps::ZMQVan::SendMsg(const ps::Message &msg): this in PARM1, &msg in PARM2.
- * ps::Message begins with ps::Meta; user space decodes its leading fields. */
-static __always_inline int ps_entry(struct pt_regs *ctx, u8 kind, int read_now)
-{
-    struct fw_event *e = begin(kind);
-    if (!e)
-        return 0;
-    e->sock = PT_REGS_PARM1(ctx);
-    e->obj = PT_REGS_PARM2(ctx);
-    if (read_now && bpf_probe_read_user(e->data, FW_CAPTURE_BYTES, (void *)e->obj) == 0)
-        e->data_len = FW_CAPTURE_BYTES;
+    if (s)
+        call_event(s, FW_ZMQ_SOCKET, handle ? 0 : -1, handle, 0);
     return 0;
 }
 
-int ps_send_entry(struct pt_regs *ctx) { return ps_entry(ctx, FW_PS_SEND, 1); }
+/* ps::Message begins with ps::Meta; user space decodes its leading fields. */
+static __always_inline void read_ps_meta(struct fw_slot *s)
+{
+    s->ev.head_len[0] = 0;
+    if (bpf_probe_read_user(s->ev.heads, FW_CAPTURE_BYTES, (void *)s->obj) == 0)
+        s->ev.head_len[0] = FW_CAPTURE_BYTES;
+}
+
+/* int ps::ZMQVan::SendMsg(const ps::Message &msg): this in PARM1, &msg in PARM2. */
+static __always_inline int ps_enter(struct pt_regs *ctx, u8 kind, int read_now)
+{
+    struct fw_slot *s = enter(ctx, kind);
+    if (!s)
+        return 0;
+    s->call_sock = PT_REGS_PARM1(ctx);
+    s->obj = PT_REGS_PARM2(ctx);
+    s->call_arg = 0;
+    if (read_now)
+        read_ps_meta(s);
+    return 0;
+}
+
+int ps_send_entry(struct pt_regs *ctx) { return ps_enter(ctx, FW_PS_SEND, 1); }
 
 int ps_send_return(struct pt_regs *ctx)
 {
-    struct fw_event *e = finish(ctx, FW_PS_SEND, (s32)PT_REGS_RC(ctx));
-    return e ? submit(e) : 0;
+    struct fw_slot *s = leave(FW_PS_SEND);
+    if (s)
+        call_event(s, FW_PS_SEND, (s32)PT_REGS_RC(ctx), s->call_sock, 1);
+    return 0;
 }
 
 /* int ps::ZMQVan::RecvMsg(ps::Message *msg): the Message is filled at return. */
-int ps_recv_entry(struct pt_regs *ctx) { return ps_entry(ctx, FW_PS_RECV, 0); }
+int ps_recv_entry(struct pt_regs *ctx) { return ps_enter(ctx, FW_PS_RECV, 0); }
 
 int ps_recv_return(struct pt_regs *ctx)
 {
-    struct fw_event *e = finish(ctx, FW_PS_RECV, (s32)PT_REGS_RC(ctx));
-    if (!e)
+    struct fw_slot *s = leave(FW_PS_RECV);
+    if (!s)
         return 0;
-    if (e->ret >= 0 && bpf_probe_read_user(e->data, FW_CAPTURE_BYTES, (void *)e->obj) == 0)
-        e->data_len = FW_CAPTURE_BYTES;
-    return submit(e);
+    s64 ret = (s32)PT_REGS_RC(ctx);
+    if (ret >= 0)
+        read_ps_meta(s);
+    call_event(s, FW_PS_RECV, ret, s->call_sock, 1);
+    return 0;
 }

@@ -2,12 +2,15 @@
 
 Uprobes (probes/framework.bpf.c) on
 - libzmq (the copy a process loads, e.g. pyzmq's bundled one): zmq_msg_send,
-  zmq_msg_recv and zmq_socket. Each event is one frame; user space groups
-  frames into messages per (thread, socket): a message ends at a frame sent
-  without ZMQ_SNDMORE / received without "more". The frame's size and first
-  bytes are read through the zmq_msg_t layout calibrated on that very library
-  (probes/zmq_layout.py), so the PBMeta frame of ps-lite traffic is decoded to
-  its ids and the record can be matched to a wire message exactly.
+  zmq_msg_recv and zmq_socket. The kernel groups a thread's frames on one
+  socket into a message (it ends at a frame sent without ZMQ_SNDMORE /
+  received without "more") and sends one event per message: each frame's size
+  and first bytes, read through the zmq_msg_t layout calibrated on that very
+  library (probes/zmq_layout.py), so the PBMeta frame of ps-lite traffic is
+  decoded to its ids and the record can be matched to a wire message exactly.
+  A message of more than MAX_FRAMES frames, or one whose frames are interleaved
+  with another socket's on the same thread, comes in pieces (events with
+  "more" set) that user space joins per (thread, socket, direction).
 - ps-lite inside libmxnet.so: ps::ZMQVan::SendMsg entry/return and
   ps::ZMQVan::RecvMsg entry/return. One event per message; the ids come from
   the leading fields of ps::Meta (PS_META_FORMAT).
@@ -34,8 +37,10 @@ from probes.zmq_layout import ZmqMsgLayout, calibrate
 NAME = "framework"
 SOURCE = Path(__file__).with_name("framework.bpf.c")
 CAPTURE_BYTES = 64            # bytes of each frame (or of ps::Meta) copied to user space
-DEFAULT_RINGBUF_PAGES = 256   # 1 MiB: ~7000 events of 144 bytes
-DEFAULT_INFLIGHT_MAX = 16384  # threads inside a traced call at once
+MAX_FRAMES = 8                # frames one event carries (ps-lite sends at most 5 per message)
+DEFAULT_RINGBUF_PAGES = 256   # 1 MiB: ~2300 ps-lite messages of 4-5 frames (~450 bytes each)
+# Slots of (thread, kind), ~670 bytes each, preallocated (LRU): 5.5 MB.
+DEFAULT_INFLIGHT_MAX = 8192
 ZMQ_DEALER, ZMQ_ROUTER = 5, 6   # public libzmq socket type numbers
 ROUTING_ID_MAX_BYTES = 255      # libzmq refuses longer routing ids
 
@@ -49,19 +54,34 @@ class Kind(enum.IntEnum):
     PS_RECV = 5
 
 
-COUNTERS = ("seen", "lost", "failed", "orphan", "inflight_full")  # enum fw_counter order
+# enum fw_counter order. seen: events (zmq: messages or pieces of one); frames: zmq
+# frames added to messages; pieces: events sent before their message ended.
+COUNTERS = ("seen", "lost", "failed", "orphan", "inflight_full", "frames", "pieces")
 
 
 class FwEvent(ctypes.Structure):
-    """Mirror of struct fw_event (checked against bcc's view of it at every start)."""
+    """Mirror of struct fw_event (checked against bcc's view of it at every start).
+    A record holds the fixed part and the first `frames` heads only."""
     _fields_ = [
-        ("ts_ns", ctypes.c_uint64), ("ret_ts_ns", ctypes.c_uint64),
-        ("sock", ctypes.c_uint64), ("obj", ctypes.c_uint64), ("ret", ctypes.c_int64),
-        ("size", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("tid", ctypes.c_uint32),
-        ("arg", ctypes.c_int32), ("data_len", ctypes.c_uint16), ("kind", ctypes.c_uint8),
-        ("more", ctypes.c_uint8), ("msg_type", ctypes.c_uint8), ("busy", ctypes.c_uint8),
-        ("_pad", ctypes.c_uint8 * 6), ("data", ctypes.c_uint8 * CAPTURE_BYTES),
+        ("ts_ns", ctypes.c_uint64), ("first_ret_ts_ns", ctypes.c_uint64),
+        ("ret_ts_ns", ctypes.c_uint64), ("sock", ctypes.c_uint64), ("ret", ctypes.c_int64),
+        ("tgid", ctypes.c_uint32), ("tid", ctypes.c_uint32), ("arg", ctypes.c_int32),
+        ("kind", ctypes.c_uint8), ("more", ctypes.c_uint8), ("frames", ctypes.c_uint8),
+        ("_pad", ctypes.c_uint8), ("sizes", ctypes.c_uint64 * MAX_FRAMES),
+        ("head_len", ctypes.c_uint8 * MAX_FRAMES),
+        ("heads", ctypes.c_uint8 * (CAPTURE_BYTES * MAX_FRAMES)),   # [frame][byte], flat
     ]
+
+
+# The fixed part of a record in one unpack: ts_ns, first_ret_ts_ns, ret_ts_ns, sock,
+# ret, tgid, tid, arg, kind, more, frames, sizes[MAX_FRAMES], head_len[MAX_FRAMES].
+_FIXED = struct.Struct(f"<QQQQqIIiBBBx{MAX_FRAMES}Q{MAX_FRAMES}B")
+# The record of one frame per event that agents before per-message events wrote
+# (recording format 1 holds them): ts_ns, ret_ts_ns, sock, obj, ret, size, tgid,
+# tid, arg, data_len, kind, more, msg_type, busy, then 64 bytes of the frame.
+# 136 bytes: a length no current record has (128-byte fixed part + a multiple of 64).
+_LEGACY = struct.Struct("<QQQQqQIIiHBBBB6x")
+_LEGACY_BYTES = _LEGACY.size + 64
 
 
 @dataclass(frozen=True)
@@ -138,25 +158,42 @@ def _visible_path(path: Path, pid: int | None) -> Path:
 
 @dataclass(frozen=True)
 class FrameCall:
-    """One completed uprobe-observed call (a zmq frame, a ps-lite message, or a new socket)."""
+    """One ring event: a zmq message (or a piece of one: more set), a ps-lite message
+    (one call), or a new socket."""
     kind: Kind
     tgid: int
     tid: int
     sock: int
-    ts_ns: int          # entry
-    ret_ts_ns: int      # return
-    ret: int
-    size: int           # zmq frame size
-    more: bool
-    arg: int
-    head: bytes         # first bytes of the frame / of ps::Meta
+    ts_ns: int                  # entry of the first call
+    first_ret_ts_ns: int        # return of the first call
+    ret_ts_ns: int              # return of the last call
+    ret: int                    # the last call's return value (ps: message bytes)
+    more: bool                  # zmq: the message goes on in a later event
+    arg: int                    # zmq_socket: socket type; zmq_msg_send: last flags
+    sizes: tuple[int, ...]      # zmq: each frame's size
+    heads: tuple[bytes, ...]    # first bytes of each frame / of ps::Meta
+
+
+def unpack_event(raw: bytes) -> tuple:
+    """(kind, tgid, tid, sock, ts_ns, first_ret_ts_ns, ret_ts_ns, ret, more, arg, sizes,
+    heads) of one ring record, as plain values (FrameCall's order). A one-frame record of
+    an older agent (replayed from a recording) reads as a piece of one frame."""
+    if len(raw) == _LEGACY_BYTES:
+        (ts, ret_ts, sock, _obj, ret, size, tgid, tid, arg, data_len, kind, more, _t, _b) = \
+            _LEGACY.unpack_from(raw)
+        head = raw[_LEGACY.size:_LEGACY.size + data_len]
+        return kind, tgid, tid, sock, ts, ret_ts, ret_ts, ret, more, arg, (size,), (head,)
+    v = _FIXED.unpack_from(raw)
+    n = v[10]
+    at = _FIXED.size
+    lens = v[11 + MAX_FRAMES:11 + MAX_FRAMES + n]
+    heads = tuple([raw[at + i * CAPTURE_BYTES:at + i * CAPTURE_BYTES + h] for i, h in enumerate(lens)])
+    return v[8], v[5], v[6], v[3], v[0], v[1], v[2], v[4], v[9], v[7], v[11:11 + n], heads
 
 
 def decode_event(raw: bytes) -> FrameCall:
-    e = FwEvent.from_buffer_copy(raw[:ctypes.sizeof(FwEvent)])
-    return FrameCall(kind=Kind(e.kind), tgid=e.tgid, tid=e.tid, sock=e.sock, ts_ns=e.ts_ns,
-                     ret_ts_ns=e.ret_ts_ns, ret=e.ret, size=e.size, more=bool(e.more),
-                     arg=e.arg, head=bytes(e.data[:e.data_len]))
+    kind, *rest = unpack_event(raw)
+    return FrameCall(Kind(kind), *rest[:7], bool(rest[7]), *rest[8:])
 
 
 @dataclass(frozen=True)
@@ -289,7 +326,7 @@ def _looks_like_routing_id(head: bytes, size: int) -> bool:
 
 
 class MessageAssembler:
-    """Frame calls -> framework messages (pure: unit-tested on hand-made calls)."""
+    """Ring events -> framework messages (pure: unit-tested on hand-made events)."""
 
     def __init__(self) -> None:
         self._open: dict[tuple, list[FrameCall]] = defaultdict(list)
@@ -297,7 +334,7 @@ class MessageAssembler:
 
     @property
     def open_messages(self) -> int:
-        """Messages with frames seen but not their last one (yet)."""
+        """Messages with pieces seen but not their last one (yet)."""
         return len(self._open)
 
     def feed(self, call: FrameCall) -> FrameworkMessage | None:
@@ -308,40 +345,41 @@ class MessageAssembler:
             return self._ps_message(call)
         direction = "send" if call.kind == Kind.ZMQ_SEND else "recv"
         key = (call.tgid, call.tid, call.sock, direction)
-        frames = self._open[key]
-        frames.append(call)
+        pieces = self._open[key]
+        pieces.append(call)
         if call.more:
             return None
         del self._open[key]
-        return self._zmq_message(direction, frames)
+        return self._zmq_message(direction, pieces)
 
-    def _zmq_message(self, direction: str, frames: list[FrameCall]) -> FrameworkMessage:
-        first, last = frames[0], frames[-1]
-        body = frames
+    def _zmq_message(self, direction: str, pieces: list[FrameCall]) -> FrameworkMessage:
+        first, last = pieces[0], pieces[-1]
+        sizes = tuple(s for p in pieces for s in p.sizes)
+        heads = tuple(h for p in pieces for h in p.heads)
         sock_type = self._sock_types.get((first.tgid, first.sock))
-        peer = None
-        if len(frames) >= 2 and (sock_type == ZMQ_ROUTER or (
-                sock_type is None and _looks_like_routing_id(first.head, first.size))):
-            peer, body = first.head, frames[1:]
-        meta = decode_pbmeta(body[0].head, body[0].size) if body else None
+        peer, at = None, 0
+        if len(sizes) >= 2 and (sock_type == ZMQ_ROUTER or (
+                sock_type is None and _looks_like_routing_id(heads[0], sizes[0]))):
+            peer, at = heads[0], 1
+        meta = decode_pbmeta(heads[at], sizes[at]) if at < len(sizes) else None
         if meta is not None and peer is not None and direction == "recv":
             meta = _with_sender(meta, node_id_of_identity(peer))
         return FrameworkMessage(
             layer="zmq", direction=direction, tgid=first.tgid, tid=first.tid, sock=first.sock,
             ts_ns=first.ts_ns if direction == "send" else last.ret_ts_ns,
-            call_ts_ns=first.ts_ns, ret_ts_ns=last.ret_ts_ns, first_ret_ts_ns=first.ret_ts_ns,
-            total_bytes=sum(f.size for f in frames), frames=len(frames), peer=peer, meta=meta,
-            frame_sizes=tuple(f.size for f in frames), frame_heads=tuple(f.head for f in frames))
+            call_ts_ns=first.ts_ns, ret_ts_ns=last.ret_ts_ns,
+            first_ret_ts_ns=first.first_ret_ts_ns, total_bytes=sum(sizes), frames=len(sizes),
+            peer=peer, meta=meta, frame_sizes=sizes, frame_heads=heads)
 
     @staticmethod
     def _ps_message(call: FrameCall) -> FrameworkMessage:
         direction = "send" if call.kind == Kind.PS_SEND else "recv"
+        head = call.heads[0] if call.heads else b""
         return FrameworkMessage(
             layer="ps", direction=direction, tgid=call.tgid, tid=call.tid, sock=call.sock,
             ts_ns=call.ts_ns if direction == "send" else call.ret_ts_ns,
             call_ts_ns=call.ts_ns, ret_ts_ns=call.ret_ts_ns, first_ret_ts_ns=call.ret_ts_ns,
-            total_bytes=call.ret, frames=None, meta=decode_ps_meta(call.head),
-            frame_heads=(call.head,))
+            total_bytes=call.ret, frames=None, meta=decode_ps_meta(head), frame_heads=(head,))
 
 
 def _with_sender(meta: MetaIds, sender: int | None) -> MetaIds:
@@ -375,7 +413,7 @@ class FrameworkProbe:
         self.targets = _without_overlaps(targets)
         self.layout = self._one_layout(self.targets)
         self._defines = {
-            "FW_CAPTURE_BYTES": CAPTURE_BYTES, "FW_RINGBUF_PAGES": pages,
+            "FW_CAPTURE_BYTES": CAPTURE_BYTES, "FW_MAX_FRAMES": MAX_FRAMES, "FW_RINGBUF_PAGES": pages,
             "FW_INFLIGHT_MAX": _check_int("inflight_max", inflight_max, 1, 1 << 20),
             **(self.layout.bpf_defines() if self.layout else _UNUSED_LAYOUT),
         }

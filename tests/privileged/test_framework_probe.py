@@ -185,6 +185,8 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
     with capsys.disabled():
         print("\nframework probe: boundary vs the child's clock (ns, median/max): " + ", ".join(
             f"{d} {sorted(g)[len(g) // 2]}/{max(g)}" for d, g in sorted(gaps.items())))
+        print(f"framework probe: {counters['seen']} ring events for {len(records)} messages "
+              f"({counters['seen'] / len(records):.2f} per message)")
 
 
 def test_uprobe_cost_per_send_call(child_factory, capsys):

@@ -22,10 +22,11 @@ _ts = iter(range(1000, 10**9, 10))
 
 
 def call(kind, frame: bytes = b"", more=False, tid=7, sock=0xA0, arg=0, tgid=70, ret=None):
+    """One frame's event, as a piece of its message (the per-call records of older agents)."""
     t = next(_ts)
-    return FrameCall(kind=kind, tgid=tgid, tid=tid, sock=sock, ts_ns=t, ret_ts_ns=t + 5,
-                     ret=len(frame) if ret is None else ret, size=len(frame), more=more,
-                     arg=arg, head=frame[:CAPTURE_BYTES])
+    return FrameCall(kind=kind, tgid=tgid, tid=tid, sock=sock, ts_ns=t, first_ret_ts_ns=t + 5,
+                     ret_ts_ns=t + 5, ret=len(frame) if ret is None else ret, more=more, arg=arg,
+                     sizes=(len(frame),), heads=(frame[:CAPTURE_BYTES],))
 
 
 def meta(**kw) -> bytes:
@@ -41,12 +42,15 @@ def feed_all(asm, calls):
 
 
 def test_event_bytes_decode_through_the_mirror():
-    e = FwEvent(ts_ns=5, ret_ts_ns=9, sock=0xBEEF, obj=1, ret=3, size=3, tgid=11, tid=12,
-                arg=2, data_len=3, kind=Kind.ZMQ_SEND, more=1)
-    e.data[:3] = b"abc"
-    c = decode_event(bytes(e) + b"\0" * 8)   # ring buffer records may carry trailing bytes
-    assert (c.kind, c.tgid, c.tid, c.sock, c.ts_ns, c.ret_ts_ns) == (Kind.ZMQ_SEND, 11, 12, 0xBEEF, 5, 9)
-    assert c.head == b"abc" and c.more and c.size == 3
+    e = FwEvent(ts_ns=5, first_ret_ts_ns=7, ret_ts_ns=9, sock=0xBEEF, ret=3, tgid=11, tid=12,
+                arg=2, kind=Kind.ZMQ_SEND, more=1, frames=2)
+    e.sizes[:2], e.head_len[:2] = [3, 70], [3, CAPTURE_BYTES]
+    e.heads[:3] = b"abc"
+    e.heads[CAPTURE_BYTES:2 * CAPTURE_BYTES] = b"y" * CAPTURE_BYTES
+    c = decode_event(bytes(e)[:FwEvent.heads.offset + 2 * CAPTURE_BYTES])  # cut after its heads
+    assert (c.kind, c.tgid, c.tid, c.sock, c.ts_ns, c.first_ret_ts_ns, c.ret_ts_ns) == \
+        (Kind.ZMQ_SEND, 11, 12, 0xBEEF, 5, 7, 9)
+    assert c.heads == (b"abc", b"y" * CAPTURE_BYTES) and c.more and c.sizes == (3, 70)
     assert ctypes.sizeof(FwEvent) % 8 == 0
 
 
