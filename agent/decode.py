@@ -617,23 +617,22 @@ META_CACHE_MAX = 4096  # meta frames decoded, kept until both ends' records came
 class FrameworkDecoder:
     """Raw framework-probe events -> probes.framework.FrameworkMessage.
 
-    The same grouping as probes.framework.MessageAssembler (frames of one
-    (thread, socket, direction) up to the one without "more"; a ROUTER's first
+    The same as probes.framework.MessageAssembler (the pieces of one (thread,
+    socket, direction) joined up to the one without "more"; a ROUTER's first
     frame is the peer's routing id), on tuples unpacked straight from the ring
-    record instead of an object per frame: this runs ~4 times per ps-lite
-    message and was the agent's largest per-event cost. zmq_socket events and
-    the ps-lite layer go through the probe's own assembler.
+    record instead of an object per event: this ran ~4 times per ps-lite
+    message (once per frame) and was the agent's largest per-event cost; the
+    kernel now sends one event per message. zmq_socket events and the ps-lite
+    layer go through the probe's own assembler.
     """
 
     def __init__(self):
-        from probes.framework import FwEvent, Kind, MessageAssembler
+        from probes.framework import Kind, MessageAssembler
 
         self._asm = MessageAssembler()
         self._open: dict[tuple, list] = {}
         self._send, self._recv = int(Kind.ZMQ_SEND), int(Kind.ZMQ_RECV)
-        self._data_at = FwEvent.data.offset
-        self._fw = struct.Struct("<QQQQqQIIiHBBBB6x")
-        assert self._fw.size == self._data_at, "FrameworkDecoder does not match FwEvent"
+        self._unpack = _fw.unpack_event
         self._metas: dict[tuple, object] = {}
 
     @property
@@ -641,43 +640,42 @@ class FrameworkDecoder:
         return len(self._open)
 
     def feed(self, raw: bytes):
-        (ts, ret_ts, sock, _obj, ret, size, tgid, tid, arg, data_len, kind, more, _t, _b) = \
-            self._fw.unpack_from(raw)
+        (kind, tgid, tid, sock, ts, first_ret, ret_ts, _ret, more, _arg, sizes, heads) = \
+            self._unpack(raw)
         if kind != self._send and kind != self._recv:
             from probes.framework import decode_event
             return self._asm.feed(decode_event(raw))
         key = (tgid, tid, sock, kind)
-        head = raw[self._data_at:self._data_at + data_len]
-        frames = self._open.get(key)
-        frame = (ts, ret_ts, size, head)
+        piece = (ts, first_ret, ret_ts, sizes, heads)
+        pieces = self._open.get(key)
         if more:
-            if frames is None:
-                self._open[key] = [frame]
+            if pieces is None:
+                self._open[key] = [piece]
             else:
-                frames.append(frame)
+                pieces.append(piece)
             return None
-        if frames is None:
-            frames = [frame]
-        else:
+        if pieces is not None:
             del self._open[key]
-            frames.append(frame)
-        return self._message(kind == self._send, tgid, tid, sock, frames)
+            pieces.append(piece)
+            first = pieces[0]
+            ts, first_ret = first[0], first[1]
+            sizes = tuple([s for p in pieces for s in p[3]])
+            heads = tuple([h for p in pieces for h in p[4]])
+        return self._message(kind == self._send, tgid, tid, sock, ts, first_ret, ret_ts, sizes, heads)
 
-    def _message(self, send: bool, tgid: int, tid: int, sock: int, frames: list):
-        first, last = frames[0], frames[-1]
-        body = frames
-        peer = None
+    def _message(self, send: bool, tgid: int, tid: int, sock: int, ts: int, first_ret: int,
+                 ret_ts: int, sizes: tuple, heads: tuple):
+        peer, at = None, 0
         sock_type = self._asm._sock_types.get((tgid, sock))
-        if len(frames) >= 2 and (sock_type == _fw.ZMQ_ROUTER or (
-                sock_type is None and _fw._looks_like_routing_id(first[3], first[2]))):
-            peer, body = first[3], frames[1:]
-        meta = self._meta(body[0][3], body[0][2], peer if not send else None) if body else None
-        sizes = tuple([f[2] for f in frames])
+        if len(sizes) >= 2 and (sock_type == _fw.ZMQ_ROUTER or (
+                sock_type is None and _fw._looks_like_routing_id(heads[0], sizes[0]))):
+            peer, at = heads[0], 1
+        meta = self._meta(heads[at], sizes[at], peer if not send else None) if at < len(sizes) else None
         return _fw.FrameworkMessage(
             layer="zmq", direction="send" if send else "recv", tgid=tgid, tid=tid, sock=sock,
-            ts_ns=first[0] if send else last[1], call_ts_ns=first[0], ret_ts_ns=last[1],
-            first_ret_ts_ns=first[1], total_bytes=sum(sizes), frames=len(frames), peer=peer,
-            meta=meta, frame_sizes=sizes, frame_heads=tuple([f[3] for f in frames]))
+            ts_ns=ts if send else ret_ts, call_ts_ns=ts, ret_ts_ns=ret_ts,
+            first_ret_ts_ns=first_ret, total_bytes=sum(sizes), frames=len(sizes), peer=peer,
+            meta=meta, frame_sizes=sizes, frame_heads=heads)
 
     def _meta(self, head: bytes, size: int, peer: bytes | None):
         """decode_pbmeta of a meta frame, the sender taken from a received message's
