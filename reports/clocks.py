@@ -153,6 +153,31 @@ def _window_mids(t_l, lo, t_u, hi, n_windows):
     return centres[ok], (max_l[ok] + min_u[ok]) / 2
 
 
+def _binding(t: np.ndarray, v: np.ndarray) -> list[tuple[float, float]]:
+    """The samples (t, v) that can be the maximum of v - k t for some slope k: the upper convex
+    hull, peeled in vectorised rounds (a sample below the chord of its two neighbours by >= 2 ns
+    goes; at any k one of them beats it by >= 1 ns, far beyond float rounding here, so the
+    maximum over those kept is the maximum over all, to the bit)."""
+    o = np.argsort(t, kind="stable")
+    ts, vs = t[o], v[o]
+    for _ in range(64):   # a round removes every local dent; what is left after the cap is kept
+        if len(ts) < 3:
+            break
+        ta, tb, tc = ts[:-2], ts[1:-1], ts[2:]
+        va, vb, vc = vs[:-2], vs[1:-1], vs[2:]
+        span = tc - ta
+        with np.errstate(divide="ignore", invalid="ignore"):
+            below = ((vc - va) * (tb - ta) - (vb - va) * span) / span
+        # same t as a neighbour: the lower one goes (span 0 gives no chord)
+        below = np.where(span > 0, below, np.where((tb == ta) & (va >= vb + 2) | (tb == tc) & (vc >= vb + 2), 2.0, 0.0))
+        gone = below >= 2.0
+        if not gone.any():
+            break
+        keep = np.concatenate([[True], ~gone, [True]])
+        ts, vs = ts[keep], vs[keep]
+    return list(zip(ts.tolist(), vs.tolist()))
+
+
 class _Band:
     """Lines o(t) = o0 + k t that respect every bound: o(t_l) >= lo and o(t_u) <= hi.
     For a slope k the feasible o0 lie in [low(k), up(k)]; low is convex and up
@@ -160,12 +185,16 @@ class _Band:
 
     def __init__(self, t_l, lo, t_u, hi):
         self.t_l, self.lo, self.t_u, self.hi = t_l, lo, t_u, hi
+        # the searches evaluate low/up a few hundred times per pair: over the few samples
+        # that can bind (as Python floats: the same IEEE operations as numpy's, no call overhead)
+        self._low_pts = _binding(t_l, lo)
+        self._up_pts = [(t, -h) for t, h in _binding(t_u, -hi)]
 
     def low(self, k: float) -> float:
-        return float(np.max(self.lo - k * self.t_l))
+        return max([v - k * t for t, v in self._low_pts])
 
     def up(self, k: float) -> float:
-        return float(np.min(self.hi - k * self.t_u))
+        return min([v - k * t for t, v in self._up_pts])
 
     def gap(self, k: float) -> float:
         return self.up(k) - self.low(k)
