@@ -92,6 +92,14 @@ class PendingFw:
     body_sizes: tuple
     peer_id: int | None
     head_keys: tuple
+    # worked out once, not per candidate wire message:
+    zmtp_bytes: int | None = field(init=False)   # the body's bytes on the wire (zmq layer)
+    head_key_set: frozenset = field(init=False)
+
+    def __post_init__(self):
+        self.zmtp_bytes = (_zmtp_bytes(self.body_sizes) if self.fm.layer == "zmq" and self.body_sizes
+                           else None)
+        self.head_key_set = frozenset(self.head_keys)
 
 
 class Identities:
@@ -278,7 +286,7 @@ class Correlator:
                 return False
         elif meta.push is not None and (m.op is Op.PUSH or m.op is Op.PUSHPULL) != bool(meta.push):
             return False
-        if fm.layer == "zmq" and f.body_sizes and _zmtp_bytes(f.body_sizes) != m.total_bytes:
+        if f.zmtp_bytes is not None and f.zmtp_bytes != m.total_bytes:
             return False
         if f.peer_id is not None:
             other = self.ids.sender(p.wm, p.tgid) if not p.wm.tx else self.ids.recver(p.wm, p.tgid)
@@ -287,7 +295,7 @@ class Correlator:
         if f.head_keys and m.num_keys and m.key_sample_complete and m.key_sample:
             sample = m.key_sample
             if m.num_keys <= self.key_sample_max:
-                if not set(f.head_keys) <= set(sample):
+                if not f.head_key_set <= set(sample):
                     return False
             else:
                 # bottom-k by hash: a key of this frame hashing below the sample's
@@ -310,8 +318,22 @@ class Correlator:
                 del self._wires[key], self._fws[key]
             return
         bound_pass = False
+        known: dict[tuple, bool] = {}   # (f, p) -> compatible, while no id is learnt
+        ids_version = self.ids.version
         while ws and fs:
-            compat = {id(f): [p for p in ws if self._compatible(f, p)] for f in fs}
+            if self.ids.version != ids_version:   # a pair taught an id: peers may now differ
+                known.clear()
+                ids_version = self.ids.version
+            compat = {}
+            for f in fs:
+                fits = []
+                for p in ws:
+                    ok = known.get((id(f), id(p)))
+                    if ok is None:
+                        ok = known[(id(f), id(p))] = self._compatible(f, p)
+                    if ok:
+                        fits.append(p)
+                compat[id(f)] = fits
             if bound_pass:
                 for f in fs:
                     cid = self._bound.get((f.fm.layer, f.fm.tgid, f.fm.sock))
