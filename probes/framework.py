@@ -331,6 +331,7 @@ class MessageAssembler:
     def __init__(self) -> None:
         self._open: dict[tuple, list[FrameCall]] = defaultdict(list)
         self._sock_types: dict[tuple[int, int], int] = {}
+        self.sockets = 0   # zmq_socket events seen
 
     @property
     def open_messages(self) -> int:
@@ -340,6 +341,7 @@ class MessageAssembler:
     def feed(self, call: FrameCall) -> FrameworkMessage | None:
         if call.kind == Kind.ZMQ_SOCKET:
             self._sock_types[(call.tgid, call.sock)] = call.arg
+            self.sockets += 1
             return None
         if call.kind in (Kind.PS_SEND, Kind.PS_RECV):
             return self._ps_message(call)

@@ -72,6 +72,43 @@ for rec in log:
 print("done", flush=True)
 '''
 
+# The pieces child: a message of more frames than one ring event holds, frames of two
+# sockets interleaved on one thread, and a failed (EAGAIN) recv before them.
+PIECES = r'''
+import json, os, sys, threading, zmq
+ctx = zmq.Context()
+pull_a, pull_b = ctx.socket(zmq.PULL), ctx.socket(zmq.PULL)
+ports = [s.bind_to_random_port("tcp://127.0.0.1") for s in (pull_a, pull_b)]
+print("ready", flush=True)
+assert sys.stdin.readline().strip() == "go"
+push_a, push_b = ctx.socket(zmq.PUSH), ctx.socket(zmq.PUSH)
+for s, port in zip((push_a, push_b), ports):
+    s.connect(f"tcp://127.0.0.1:{port}")
+try:
+    pull_a.recv(zmq.NOBLOCK)
+    raise SystemExit("a message came before any was sent")
+except zmq.Again:
+    pass
+log = []
+def note(direction, sock, frames):
+    log.append(dict(dir=direction, sock=sock.underlying, sizes=[len(f) for f in frames],
+                    heads=[bytes(f[:64]).hex() for f in frames]))
+long = [os.urandom(n) for n in (5, 40, 70, 1, 300, 9, 100_000, 64, 65, 2, 33)]
+push_a.send_multipart(long)
+note("send", push_a, long)
+a, b = [os.urandom(n) for n in (3, 80, 7)], [os.urandom(n) for n in (90, 4)]
+for sock, frame, more in ((push_a, a[0], 1), (push_b, b[0], 1), (push_a, a[1], 1), (push_b, b[1], 0),
+                          (push_a, a[2], 0)):
+    sock.send(frame, zmq.SNDMORE if more else 0)
+note("send", push_b, b)
+note("send", push_a, a)
+for sock in (pull_a, pull_b, pull_a):
+    note("recv", sock, sock.recv_multipart())
+for rec in log:
+    print(json.dumps(rec))
+print("done", flush=True)
+'''
+
 # The cost child: a tight loop of one-frame sends on an inproc PUSH socket
 # (no network, nothing received), timed before and after the parent attaches.
 BENCH = r'''
@@ -151,7 +188,11 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
         assert child.proc.wait(timeout=CHILD_TIMEOUT_S) == 0
         records = probe.poll(0) + probe.drain()
         counters = probe.counters()
+        sockets = probe.assembler.sockets
 
+    # One ring event per message (the kernel joins the frames), or per new socket.
+    assert counters["seen"] == len(records) + sockets and counters["pieces"] == 0
+    assert counters["frames"] == sum(r.frames for r in records)
     socks = {rec["sock"] for rec in log}
     ours = [r for r in records if r.tgid == child.proc.pid and r.sock in socks]
     assert len(log) == 48 and len(ours) == len(log)
@@ -185,8 +226,31 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
     with capsys.disabled():
         print("\nframework probe: boundary vs the child's clock (ns, median/max): " + ", ".join(
             f"{d} {sorted(g)[len(g) // 2]}/{max(g)}" for d, g in sorted(gaps.items())))
-        print(f"framework probe: {counters['seen']} ring events for {len(records)} messages "
-              f"({counters['seen'] / len(records):.2f} per message)")
+        print(f"framework probe: {counters['seen']} ring events ({sockets} of them new sockets) "
+              f"for {len(records)} messages of {counters['frames']} frames")
+
+
+def test_long_and_interleaved_messages_come_in_pieces_and_join_whole(child_factory):
+    child = child_factory(PIECES)
+    assert child.line() == "ready"
+    with FrameworkProbe(targets_of_pid(child.proc.pid)) as probe:
+        child.say("go")
+        log = []
+        while (line := child.line()) != "done":
+            log.append(json.loads(line))
+        assert child.proc.wait(timeout=CHILD_TIMEOUT_S) == 0
+        records = probe.poll(0) + probe.drain()
+        counters = probe.counters()
+    socks = {rec["sock"] for rec in log}
+    ours = [r for r in records if r.tgid == child.proc.pid and r.sock in socks]
+    got = sorted((r.sock, r.direction, r.frame_sizes, tuple(h.hex() for h in r.frame_heads))
+                 for r in ours)
+    want = sorted((rec["sock"], rec["dir"], tuple(rec["sizes"]), tuple(rec["heads"])) for rec in log)
+    assert got == want
+    # The 11-frame message: a piece of 8 frames, sent and received; the interleaved
+    # sends: a piece at each of the 3 switches of socket before b's last frame.
+    assert counters["pieces"] == 2 + 3 and counters["open_messages"] == 0
+    assert counters["failed"] >= 1 and counters["lost"] == 0 and counters["orphan"] == 0
 
 
 def test_uprobe_cost_per_send_call(child_factory, capsys):
