@@ -19,6 +19,7 @@ import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -108,7 +109,13 @@ class RunContext:
         """Rows of `table` of every used host with these columns, as Arrow (a column an
         older agent did not write is all null); shards that cannot be read are skipped
         (reports.load already named them)."""
-        parts = []
+        parts = list(self.shards(table, columns))
+        if not parts:
+            return pa.table({c: pa.nulls(0) for c in columns})
+        return pa.concat_tables(parts, promote_options="permissive")
+
+    def shards(self, table: str, columns: list[str]) -> Iterator[pa.Table]:
+        """arrow()'s rows one shard at a time (to keep only some rows of a large column)."""
         for host, p in self.dirs.items():
             for shard in sorted(p.glob(f"{table}-*{SHARD_SUFFIX}")):
                 try:
@@ -122,10 +129,7 @@ class RunContext:
                     mine = pc.fill_null(pc.equal(t.column("host_id").cast(pa.string()), host), False)
                     if not pc.all(mine).as_py():   # a filter copies every column (key samples)
                         t = t.filter(mine)
-                parts.append(t)
-        if not parts:
-            return pa.table({c: pa.nulls(0) for c in columns})
-        return pa.concat_tables(parts, promote_options="permissive")
+                yield t
 
     def table(self, table: str, columns: list[str]) -> pd.DataFrame:
         """The same as a DataFrame (nullable integers keep int64 ns exact)."""

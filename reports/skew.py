@@ -190,9 +190,18 @@ def _aggregation(est: np.ndarray, workers: np.ndarray, bytes_per_key, total_byte
 def key_skew(ctx) -> dict[str, Any]:
     """{"push": ..., "pull": ...} (op_skew) from the run dirs' key samples; {"why_none": ...}
     when no request message carried any."""
-    t = ctx.arrow("messages", COLUMNS)
-    if len(t) == 0:
+    rows, parts = 0, []
+    for shard in ctx.shards("messages", COLUMNS):
+        # only data request messages can count (a quarter of the rows): the key samples of the
+        # others are not kept while the rest is read
+        rows += len(shard)
+        data = pc.and_(pc.equal(shard["control"].cast(pa.bool_()), False),
+                       pc.equal(shard["request"].cast(pa.bool_()), True))
+        parts.append(shard.filter(pc.fill_null(data, False)))
+    if rows == 0:
         return {"why_none": "no run dir with messages"}
+    t = pa.concat_tables(parts, promote_options="permissive")
+    del parts
     mine = request_messages(t)
     out: dict[str, Any] = {}
     for op in ("push", "pull"):
