@@ -61,6 +61,27 @@ def _flow_keys(m: pd.DataFrame, tx: bool) -> pd.DataFrame:
     return k.dropna()
 
 
+def _packed(kt: pd.DataFrame, kr: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The flow keys as two uint64 columns (addresses' codes and ports; seq_first and seq_end),
+    one to one with the six, when the values fit (they do for TCP): duplicated() and merge()
+    factorize two columns instead of six (1M requests: 4 s -> 1.5 s). Else the keys as given."""
+    ips = ["src_ip", "dst_ip"]
+    if not all(isinstance(k[c].dtype, pd.CategoricalDtype) for k in (kt, kr) for c in ips) or not all(
+            k[c].cat.categories.equals(kt["src_ip"].cat.categories) for k in (kt, kr) for c in ips):
+        return kt, kr
+    out = []
+    for k in (kt, kr):
+        v = {c: (k[c].cat.codes if c in ips else k[c]).to_numpy(dtype=np.int64) for c in FLOW_KEY}
+        if len(k) and (min(x.min() for x in v.values()) < 0 or max(v[c].max() for c in ips) >= 1 << 16
+                       or max(v["src_port"].max(), v["dst_port"].max()) >= 1 << 16
+                       or max(v["seq_first"].max(), v["seq_end"].max()) >= 1 << 32):
+            return kt, kr
+        u = {c: x.astype(np.uint64) for c, x in v.items()}
+        flow = u["src_ip"] << 48 | u["src_port"] << 32 | u["dst_ip"] << 16 | u["dst_port"]
+        out.append(pd.DataFrame({"flow": flow, "seq": u["seq_first"] << 32 | u["seq_end"]}, index=k.index))
+    return out[0], out[1]
+
+
 def _known_isn(conn_id: pd.Series) -> np.ndarray:
     """conn_id names both ISNs ('?' for one the agent did not know)."""
     cats = conn_id.cat.categories
@@ -83,11 +104,11 @@ def pair_ends(m: pd.DataFrame) -> tuple[pd.DataFrame, EndStats]:
     m = m.reset_index(drop=True)
     is_tx = (m["direction"] == "tx").to_numpy()
     is_rx = (m["direction"] == "rx").to_numpy()
-    kt, kr = _flow_keys(m[is_tx], True), _flow_keys(m[is_rx], False)
+    kt, kr = _packed(_flow_keys(m[is_tx], True), _flow_keys(m[is_rx], False))
     dup_t, dup_r = kt.duplicated(keep=False), kr.duplicated(keep=False)
     stats = EndStats(ambiguous=int(dup_t.sum() + dup_r.sum()))
     j = (kt[~dup_t].rename_axis("tx_row").reset_index()
-         .merge(kr[~dup_r].rename_axis("rx_row").reset_index(), on=FLOW_KEY, how="inner"))
+         .merge(kr[~dup_r].rename_axis("rx_row").reset_index(), on=list(kt.columns), how="inner"))
     tr, rr = j["tx_row"].to_numpy(), j["rx_row"].to_numpy()
     bad = np.zeros(len(j), dtype=bool)
     ct, cr = m["conn_id"].iloc[tr].reset_index(drop=True), m["conn_id"].iloc[rr].reset_index(drop=True)
