@@ -22,7 +22,7 @@ from typing import Callable
 
 from agent.clockskew import ClockSkew
 from agent.correlate import Connections, Correlator
-from agent.detach import detach_all
+from agent.detach import Detacher
 from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, sockcall_format
 from agent.errors import UserError
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
@@ -37,12 +37,12 @@ COUNTERS_INTERVAL_S = 1.0
 # requests in 3 s untraced; 401 with an agent at nice -10 woken per event, 1838 at
 # nice 0). The rings (16 MiB each) hold far more than a batch interval's events.
 BATCH_INTERVAL_S = 0.02
-# On stop the probes are detached first (the rings stop filling), then what the rings
-# hold is decoded for STOP_DECODE_S and the rest only counted, as lost, for at most
-# STOP_COUNT_S: a SIGTERM under any load ends within 2 s, and no event is dropped
-# without being counted.
+# On stop the probes are detached (agent.detach) while the rings are decoded, then what
+# the rings still hold is decoded up to STOP_DECODE_S after the stop and the rest only
+# counted, as lost, for at most STOP_COUNT_S: a SIGTERM under any load ends within 2 s,
+# and no event is dropped without being counted.
 STOP_DECODE_S = 0.4
-STOP_COUNT_S = 0.3
+STOP_COUNT_S = 0.2
 SHARD_INTERVAL_S = 2.0
 BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 RUN_ID = uuid.uuid4().hex   # one per agent process: its run dirs belong together
@@ -352,8 +352,16 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
             pipeline.maybe_flush()
             if deadline is not None and now >= deadline:
                 stop["why"] = "duration"
-        detach_all([live.program.bpf, getattr(live.framework, "_bpf", None)])
-        emptied = _drain_for(live, STOP_DECODE_S)
+        # the rings are decoded while the probes detach (events arrive until the last
+        # one is gone), then for what is left of STOP_DECODE_S; the rest is counted
+        give_up = time.monotonic() + STOP_DECODE_S
+        detaching = Detacher([live.program.bpf, getattr(live.framework, "_bpf", None)])
+        while not detaching.done():
+            if live.drain(budget_s=0.05):
+                detaching.wait(0.005)
+        if detaching.error is not None:
+            log(f"detaching the probes: {detaching.error} (the rest are detached on exit)")
+        emptied = _drain_for(live, max(0.0, give_up - time.monotonic()))
         counters = live.counters()
         if not emptied:
             unread["count"] = {}   # the sink now counts instead of decoding
@@ -381,9 +389,9 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
 
 
 def _drain_for(live: LiveSource, seconds: float) -> bool:
-    """Drains the rings until empty or `seconds` passed; True when emptied."""
+    """Drains the rings until empty or `seconds` passed (once at least); True when emptied."""
     give_up = time.monotonic() + seconds
-    emptied = live.drain(budget_s=seconds)
+    emptied = live.drain(budget_s=max(seconds, 0.01))
     while not emptied and time.monotonic() < give_up:
         emptied = live.drain(budget_s=give_up - time.monotonic())
     return emptied
