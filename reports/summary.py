@@ -31,6 +31,18 @@ def _stat(v: np.ndarray) -> dict[str, float] | None:
     return {k: round(float(x) / 1e3, 3) for k, x in zip(STAT_KEYS, (v.mean(), p50, p90, p99))}
 
 
+def _float64(s: pd.Series, rows: np.ndarray | None) -> np.ndarray:
+    """s[rows] as float64, NaN for null (as to_numpy(float64, na_value=nan)): a nullable integer
+    column is cut before it is converted, not converted whole for each subset."""
+    a = s.array
+    if isinstance(a, pd.arrays.IntegerArray) and rows is not None:
+        v = a._data[rows].astype(np.float64)
+        v[a._mask[rows]] = np.nan
+        return v
+    v = s.to_numpy(dtype=np.float64, na_value=np.nan)
+    return v if rows is None else v[rows]
+
+
 class Columns:
     """Rows `rows` of a requests table as float64 arrays (NaN for null), each column converted
     on first use: the statistics work on arrays, never on a copy of the whole table per op or host."""
@@ -49,8 +61,7 @@ class Columns:
             if self._parent is not None:
                 v = self._parent(col)[self._local]
             else:
-                v = self.df[col].to_numpy(dtype=np.float64, na_value=np.nan)
-                v = v if self.rows is None else v[self.rows]
+                v = _float64(self.df[col], self.rows)
             self._cache[col] = v
         return v
 
