@@ -313,11 +313,17 @@ def top(
                                    rich_help_panel="Filters"),
     lib: List[Path] = typer.Option([], "--lib", help="no agent: libzmq/libmxnet.so to probe (repeat)",
                                    rich_help_panel="Filters"),
+    netstack: bool = typer.Option(True, "--netstack/--no-netstack", help="no agent: also probe the kernel "
+                                  "network stack (NIC components; --no-netstack starts faster)",
+                                  rich_help_panel="Filters"),
+    sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="no agent: trace this share R "
+                                                "(0 < R <= 1) of host pairs, fixed (default: all, fewer when "
+                                                "it cannot keep up)", rich_help_panel="Filters"),
     detail: bool = typer.Option(False, "--detail", help="start with the finer components (key d toggles)"),
     snapshot: Optional[Path] = typer.Option(None, "--snapshot", help="draw this saved /snapshot.json once and exit"),
 ) -> None:
     """Live view: per op and peer host, rate, p50/p99 and where this host's time goes."""
-    filters = bool(pid or comm or netns or port or lib)
+    filters = bool(pid or comm or netns or port or lib or not netstack or sample_rate is not None)
     if snapshot is not None:
         if agent or filters:
             raise UserError("--snapshot draws a saved file; leave out --agent and the filters")
@@ -334,19 +340,23 @@ def top(
     if agent:
         if filters:
             raise UserError("--agent draws running agents (they have their own filters); leave out "
-                            "--pid/--comm/--netns/--port/--lib")
+                            "--pid/--comm/--netns/--port/--lib/--no-netstack/--sample-rate")
         addrs = [_agent_addr(a) for a in agent]
         loop(lambda: fetch(addrs), detail)
         return
-    _in_process(pid, comm, netns, port, lib, detail)
+    from agent.daemon import AgentOptions
+    _in_process(AgentOptions(out=Path(), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
+                             ports=tuple(port), libs=tuple(lib), netstack=netstack, sample_rate=sample_rate),
+                detail)
 
 
-def _in_process(pid, comm, netns, port, lib, detail: bool) -> None:
+def _in_process(opts, detail: bool) -> None:
     """No agent: run the agent's pipeline here (the main thread: it takes the signals) and draw
     from a second thread; `q` ends the tracing as Ctrl-C would. Rows go to a temp run dir."""
+    import dataclasses
     import tempfile
 
-    from agent.daemon import AgentOptions, check_prerequisites, run_live
+    from agent.daemon import check_prerequisites, run_live
     from agent.live import LiveAggregates
 
     check_prerequisites()
@@ -365,8 +375,7 @@ def _in_process(pid, comm, netns, port, lib, detail: bool) -> None:
         th = threading.Thread(target=ui, name="pslat-top-ui", daemon=True)
         th.start()
         try:
-            run_live(AgentOptions(out=Path(tmp), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
-                                  ports=tuple(port), libs=tuple(lib)),
+            run_live(dataclasses.replace(opts, out=Path(tmp)),
                      log=lambda m: said.append(m.splitlines()[0][:60]), aggregates=live)
         finally:
             done.set()
