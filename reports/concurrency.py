@@ -54,28 +54,42 @@ def in_flight(group: np.ndarray, conn: np.ndarray, t0: np.ndarray, t1: np.ndarra
     out = np.zeros(n, dtype=np.int64)
     if n == 0:
         return out
-    df = pd.DataFrame({"g": group, "c": conn, "t0": t0, "t1": np.maximum(t1, t0)})
-    df = df.sort_values(["g", "c", "t0"], kind="stable")
+    g = _ids(pd.Series(group))
+    key = _ids(pd.Series(g), pd.Series(conn))
+    # by process, connection, then start: each process's rows, and each connection's, come in runs
+    order = np.lexsort((t0, key, g))
+    k, g, a = key[order], g[order], np.asarray(t0)[order]
+    b = np.maximum(np.asarray(t1), np.asarray(t0))[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = k[1:] != k[:-1]
     # busy periods per connection: a new one starts when a request starts after every
     # earlier request of the connection ended
-    prev_end = df.groupby(["g", "c"], sort=False)["t1"].cummax().groupby([df["g"], df["c"]]).shift(1)
-    new = prev_end.isna().to_numpy() | (df["t0"].to_numpy() > prev_end.fillna(0).to_numpy())
-    period = np.cumsum(new)
-    per = df.assign(p=period).groupby("p", sort=False).agg(g=("g", "first"), s=("t0", "min"), e=("t1", "max"))
-    for g, rows in df.groupby("g", sort=False).indices.items():
-        p = per[per["g"] == g]
-        s, e = np.sort(p["s"].to_numpy()), np.sort(p["e"].to_numpy())
-        t = df["t0"].to_numpy()[rows]
+    run_end = pd.Series(b).groupby(k, sort=False).cummax().to_numpy()
+    prev_end = np.concatenate([[0], run_end[:-1]])
+    new = first | (a > prev_end)
+    last = np.concatenate([new[1:], [True]])
+    # per period: its process, start (its first request's) and end (the running max at its last)
+    p_g, p_s, p_e = g[new], a[new], run_end[last]
+    bounds = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1], [True]]))
+    p_bounds = np.searchsorted(p_g, g[bounds[:-1]], side="left").tolist() + [len(p_g)]
+    for x, (r0, r1) in enumerate(zip(bounds[:-1], bounds[1:])):
+        s, e = np.sort(p_s[p_bounds[x]:p_bounds[x + 1]]), np.sort(p_e[p_bounds[x]:p_bounds[x + 1]])
+        t = a[r0:r1]
         # periods started at or before t and not yet ended (an end at t is over)
-        out[df.index.to_numpy()[rows]] = np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")
+        out[order[r0:r1]] = np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")
     return np.maximum(out, 1)
 
 
 def _ids(*cols: pd.Series) -> np.ndarray:
-    """One integer per distinct combination of values (a null is a value too): a process
-    (host, pid) or a connection (host, ports), without building a string per request."""
-    return pd.DataFrame({k: c.to_numpy() for k, c in enumerate(cols)}).groupby(
-        list(range(len(cols))), sort=False, dropna=False).ngroup().to_numpy()
+    """One integer per distinct combination of values (a null is a value too), ordered as the
+    values first appear: a process (host, pid) or a connection (host, ports), without building
+    a string per request."""
+    out = None
+    for c in cols:
+        codes, uniques = pd.factorize(c.to_numpy(), use_na_sentinel=False)
+        out = codes.astype(np.int64) if out is None else \
+            pd.factorize(out * len(uniques) + codes, use_na_sentinel=False)[0].astype(np.int64)
+    return out
 
 
 def per_request(req: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
