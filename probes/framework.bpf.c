@@ -240,19 +240,15 @@ static __always_inline struct fw_slot *leave(u8 kind)
 
 /* --- zmq frames, accumulated into messages ----------------------------------------- */
 
-static __always_inline struct fw_slot *zmq_enter(struct pt_regs *ctx, u8 kind)
+/* The message so far goes out as a piece if the frame of this call cannot join it. */
+static __always_inline void make_room(struct fw_slot *s)
 {
-    struct fw_slot *s = enter(ctx, kind);
-    if (!s)
-        return 0;
-    /* The message so far goes out now if this frame cannot join it. */
     if (s->ev.frames && (s->ev.sock != s->call_sock || s->ev.frames >= FW_MAX_FRAMES)) {
         s->ev.more = 1;
         emit(s);
         count(FW_PIECES);
         s->ev.frames = 0;
     }
-    return s;
 }
 
 static __always_inline int zmq_leave(struct pt_regs *ctx, u8 kind)
@@ -265,8 +261,10 @@ static __always_inline int zmq_leave(struct pt_regs *ctx, u8 kind)
         count(FW_FAILED);
         return 0;
     }
+    if (kind == FW_ZMQ_RECV)
+        make_room(s);
     u32 n = s->ev.frames;
-    if (n >= FW_MAX_FRAMES)   /* zmq_enter emptied a full slot: not reached */
+    if (n >= FW_MAX_FRAMES)   /* make_room emptied a full slot: not reached */
         return 0;
     if (kind == FW_ZMQ_RECV)  /* the frame is in the zmq_msg_t only now */
         read_frame(s, n, (const u8 *)s->obj, 1);
@@ -294,12 +292,15 @@ static __always_inline int zmq_leave(struct pt_regs *ctx, u8 kind)
 }
 
 /* int zmq_msg_send(zmq_msg_t *msg, void *socket, int flags)
- * Read at entry: libzmq moves the frame out of msg while sending. */
+ * Read at entry: libzmq moves the frame out of msg while sending. Its slot
+ * index is made free now (a send that then fails may have cut a piece: rare,
+ * and the pieces still join whole). */
 int zmq_send_entry(struct pt_regs *ctx)
 {
-    struct fw_slot *s = zmq_enter(ctx, FW_ZMQ_SEND);
+    struct fw_slot *s = enter(ctx, FW_ZMQ_SEND);
     if (!s)
         return 0;
+    make_room(s);
     s->call_more = (s->call_arg & 2 /* ZMQ_SNDMORE, public API */) != 0;
     read_frame(s, s->ev.frames, (const u8 *)s->obj, 0);
     return 0;
@@ -307,10 +308,11 @@ int zmq_send_entry(struct pt_regs *ctx)
 
 int zmq_send_return(struct pt_regs *ctx) { return zmq_leave(ctx, FW_ZMQ_SEND); }
 
-/* int zmq_msg_recv(zmq_msg_t *msg, void *socket, int flags) */
+/* int zmq_msg_recv(zmq_msg_t *msg, void *socket, int flags): read at return, so a
+ * failed non-blocking recv on another socket does not cut the message so far. */
 int zmq_recv_entry(struct pt_regs *ctx)
 {
-    zmq_enter(ctx, FW_ZMQ_RECV);
+    enter(ctx, FW_ZMQ_RECV);
     return 0;
 }
 
