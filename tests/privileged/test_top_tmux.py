@@ -21,6 +21,7 @@ import pytest
 import numpy as np
 
 from agent.child import AgentProcess
+from probes.zmq_layout import pyzmq_libzmq
 from test_faults import assert_nothing_left, bpf_objects
 from workloads.cluster.cluster import Cluster
 from workloads.psbench.keys import KeyPermutation, KeySpace
@@ -29,11 +30,6 @@ from workloads.psbench.launch import launch_in_cluster, launch_local
 pytestmark = pytest.mark.privileged
 ROOT = Path(__file__).resolve().parents[2]
 SESSION = "pslat-top-test"
-
-
-def _libzmq() -> Path:
-    import zmq
-    return sorted(Path(zmq.__file__).parent.parent.glob("pyzmq.libs/libzmq*.so*"))[0]
 
 
 def _screen(tmux=("tmux",)) -> str:
@@ -54,7 +50,7 @@ def _wait_screen(cond, what: str, timeout_s: float = 30.0, tmux=("tmux",)) -> st
 def test_top_shows_ops_rates_and_hosts_and_takes_keys(tmp_path):
     with Cluster(3, wait_s=300, log_dir=tmp_path / "wire") as cluster:
         names = [h.name for h in cluster.hosts]
-        args = ["--lib", str(_libzmq()), "--listen", "127.0.0.1:0", "--no-netstack"]
+        args = ["--lib", str(pyzmq_libzmq()), "--listen", "127.0.0.1:0", "--no-netstack"]
         for h in names:
             args += ["--netns", h]
         with AgentProcess(tmp_path / "agent", args) as agent:
@@ -110,7 +106,7 @@ def test_top_with_its_own_probes_shows_traffic_and_detaches_on_q(tmp_path):
     rc_file = tmp_path / "top.rc"
     cmd = (f"cd {shlex.quote(str(ROOT))} && LANG=C.UTF-8 {shlex.quote(sys.executable)} -m agent.cli top "
            # --no-netstack starts faster; --sample-rate 1: shedding could drop the one host pair
-           f"--comm {PROC_NAME} --lib {shlex.quote(str(_libzmq()))} --no-netstack --sample-rate 1; "
+           f"--comm {PROC_NAME} --lib {shlex.quote(str(pyzmq_libzmq()))} --no-netstack --sample-rate 1; "
            f"echo $? > {shlex.quote(str(rc_file))}")
     t0 = time.monotonic()
     subprocess.run([*tmux, "-u", "new-session", "-d", "-s", SESSION, "-x", "80", "-y", "24", cmd], check=True)
