@@ -257,6 +257,15 @@ class ProcessSelector:
 
 # ---------------------------------------------------------------- live
 
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc keeps them: after a bcc
+    compile, LLVM's freed working memory stayed in the agent's RSS for good)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to hand back this way
+        pass
+
+
 def kernel_probes(netstack: bool = True) -> list:
     """The kernel-side probes: sockcalls, and netstack where this tree has it."""
     from probes.sockcalls import SOCKCALLS
@@ -388,6 +397,7 @@ class LiveSource:
             for lib in self.sel.libs:
                 self._probe_library(Path(lib), None)
             self.rescan(force=True)
+            release_freed_memory()   # what the compiles freed (LLVM: ~100 MB) back to the OS
         except BaseException:
             self.close()
             raise
@@ -471,6 +481,7 @@ class LiveSource:
                                                     self._budget_left, ringbuf_pages=FRAMEWORK_RING_PAGES)
             self.framework.start()
             self.framework_compile_s = time.perf_counter() - t0
+            release_freed_memory()
             return
         why = self.framework.add_target(target)
         if why:
