@@ -108,7 +108,6 @@ if __name__ == "__main__":
 
 # ---------------------------------------------------------------- the tests
 
-import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from agent.child import AgentProcess  # noqa: E402
