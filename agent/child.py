@@ -19,34 +19,52 @@ from agent.errors import UserError
 READY_MARK = "ready:"
 
 
-class AgentProcess:
-    """`pslat agent --out OUT ARGS...`; a context manager that stops it on exit."""
+class ChildProcess:
+    """A child process that says "ready:" on stderr once it is ready (`pslat agent`,
+    bench.floor); a context manager that stops it on exit. Its stderr lines are kept
+    with the time each was read; its stdout too when capture_stdout."""
 
-    def __init__(self, out: Path, args: list[str], ready_timeout_s: float = 120.0, echo=None):
-        self.out = Path(out)
-        argv = [sys.executable, "-m", "agent.cli", "agent", "--out", str(self.out), *args]
-        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    def __init__(self, argv: list[str], name: str = "the agent", ready_timeout_s: float = 120.0, echo=None,
+                 cwd: Path | None = None, capture_stdout: bool = False):
+        self.name = name
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=os.environ.copy(), cwd=cwd,
+                                     stdout=subprocess.PIPE if capture_stdout else None)
         self.lines: list[str] = []
+        self.lines_ns: list[int] = []   # CLOCK_MONOTONIC when each stderr line was read
+        self.stdout = ""
         self._echo = echo
         self._ready = threading.Event()
         # one reader from the start: a select() on the pipe misses lines already in the
         # file object's buffer (a warning read in one chunk with "ready:" hid it), and
-        # draining keeps the agent from blocking on a full pipe
+        # draining keeps the child from blocking on a full pipe
         self._drain = threading.Thread(target=self._read_rest, daemon=True)
         self._drain.start()
+        self._out = None
+        if capture_stdout:
+            self._out = threading.Thread(target=self._read_stdout, daemon=True)
+            self._out.start()
         deadline = time.monotonic() + ready_timeout_s
         while not self._ready.wait(0.05):
             if self.proc.poll() is not None:
                 self._drain.join(5)
                 if self._ready.is_set():
                     break
-                raise UserError(f"the agent exited with {self.proc.returncode} before it was ready: "
+                raise UserError(f"{name} exited with {self.proc.returncode} before it was ready: "
                                 f"{self.log_tail()}")
             if time.monotonic() > deadline:
                 self.kill()
-                raise UserError(f"the agent did not get ready in {ready_timeout_s:g} s: {self.log_tail()}")
+                raise UserError(f"{name} did not get ready in {ready_timeout_s:g} s: {self.log_tail()}")
+
+    def _read_stdout(self) -> None:
+        self.stdout = self.proc.stdout.read()
+
+    def first_line_ns(self, text: str) -> int | None:
+        """When the first stderr line after "ready:" containing text was read."""
+        ready = next((i for i, line in enumerate(self.lines) if READY_MARK in line), len(self.lines))
+        return next((t for t, line in zip(self.lines_ns[ready + 1:], self.lines[ready + 1:]) if text in line), None)
 
     def _add(self, line: str) -> None:
+        self.lines_ns.append(time.monotonic_ns())
         self.lines.append(line)
         if self._echo:
             self._echo(line.rstrip("\n"))
@@ -69,8 +87,10 @@ class AgentProcess:
             rc = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise UserError(f"the agent did not stop within {timeout_s:g} s after SIGINT: {self.log_tail()}")
+            raise UserError(f"{self.name} did not stop within {timeout_s:g} s after SIGINT: {self.log_tail()}")
         self._drain.join(5)
+        if self._out is not None:
+            self._out.join(5)
         return rc
 
     @property
@@ -86,7 +106,7 @@ class AgentProcess:
             rc = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise UserError(f"the agent did not stop within {timeout_s:g} s after SIGTERM: {self.log_tail()}")
+            raise UserError(f"{self.name} did not stop within {timeout_s:g} s after SIGTERM: {self.log_tail()}")
         took_s = time.monotonic() - t0
         self._drain.join(5)
         return rc, took_s
@@ -96,7 +116,7 @@ class AgentProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self) -> "AgentProcess":
+    def __enter__(self) -> "ChildProcess":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -105,3 +125,12 @@ class AgentProcess:
                 self.stop()
             finally:
                 self.kill()
+
+
+class AgentProcess(ChildProcess):
+    """`pslat agent --out OUT ARGS...`."""
+
+    def __init__(self, out: Path, args: list[str], ready_timeout_s: float = 120.0, echo=None):
+        self.out = Path(out)
+        super().__init__([sys.executable, "-m", "agent.cli", "agent", "--out", str(self.out), *args],
+                         "the agent", ready_timeout_s, echo)

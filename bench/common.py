@@ -13,12 +13,7 @@ import ctypes
 import json
 import math
 import os
-import select
-import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -269,59 +264,41 @@ class BpfStats:
 
 class Tracer:
     """A tracer as a child process that says "ready:" on stderr once attached
-    and stops cleanly on SIGINT: `pslat agent` or bench.floor."""
+    and stops cleanly on SIGINT: `pslat agent` or bench.floor (agent.child.ChildProcess,
+    started by start()), with its CPU, memory and BPF time."""
 
     def __init__(self, name: str, argv: list[str]):
         self.name = name
         self.argv = argv
-        self.proc: subprocess.Popen | None = None
-        self.stderr: list[str] = []
-        self.stderr_ns: list[int] = []     # when each stderr line was read (CLOCK_MONOTONIC)
-        self.stdout = ""
-        self._readers: list[threading.Thread] = []
-        self.ready_ns: int | None = None
+        self.child = None
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> "Tracer":
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stderr], [], [], left)[0]:
-                self.kill()
-                raise RuntimeError(f"{self.name} not ready after {timeout_s:g} s: {''.join(self.stderr)[-2000:]}")
-            line = self.proc.stderr.readline()
-            if not line:
-                rc = self.proc.wait()
-                raise RuntimeError(f"{self.name} exited with {rc} before it was ready: "
-                                   f"{''.join(self.stderr)[-2000:]}")
-            self.stderr.append(line)
-            if "ready:" in line:
-                self.ready_ns = time.monotonic_ns()
-                break
-        # keep draining both pipes: a tracer that logs (lost events) must never block on them
-        self._readers = [threading.Thread(target=self._drain_err, daemon=True),
-                         threading.Thread(target=self._drain_out, daemon=True)]
-        for t in self._readers:
-            t.start()
+        from agent.child import ChildProcess
+        try:
+            self.child = ChildProcess(self.argv, self.name, timeout_s, cwd=ROOT, capture_stdout=True)
+        except UserError as e:
+            raise RuntimeError(str(e)) from None
         return self
 
-    def _drain_err(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr_ns.append(time.monotonic_ns())
-            self.stderr.append(line)
+    @property
+    def stderr(self) -> list[str]:
+        return self.child.lines if self.child else []
+
+    @property
+    def stdout(self) -> str:
+        return self.child.stdout if self.child else ""
+
+    @property
+    def ready_ns(self) -> int | None:
+        return getattr(self.child, "ready_ns", None)
 
     def first_line_ns(self, text: str) -> int | None:
         """When the first stderr line (after ready) containing text was read."""
-        lines = self.stderr[len(self.stderr) - len(self.stderr_ns):]
-        return next((t for t, line in zip(self.stderr_ns, lines) if text in line), None)
-
-    def _drain_out(self) -> None:
-        self.stdout = self.proc.stdout.read()
+        return self.child.first_line_ns(text)
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.child.pid
 
     def cpu_s(self) -> float | None:
         return proc_cpu_s(self.pid)
@@ -334,23 +311,18 @@ class Tracer:
 
     def stop(self) -> str:
         """SIGINT, wait for a clean exit; returns its stderr. Raises if it failed."""
-        self.proc.send_signal(signal.SIGINT)
         try:
-            rc = self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise RuntimeError(f"{self.name} did not stop within {STOP_TIMEOUT_S} s of SIGINT")
-        for t in self._readers:
-            t.join(10)
+            rc = self.child.stop(STOP_TIMEOUT_S)
+        except UserError as e:
+            raise RuntimeError(str(e)) from None
         log = "".join(self.stderr)
         if rc != 0:
             raise RuntimeError(f"{self.name} exited with {rc}: {log[-2000:]}")
         return log
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.child is not None:
+            self.child.kill()
 
     def __enter__(self) -> "Tracer":
         return self.start()
