@@ -10,6 +10,11 @@ records its raw events. Saved next to this file:
                              must give the same rows)
   psbench.truth.parquet      psbench's ground truth for the same run
 
+netstack.rec.gz (every probe, for the golden tables of
+tests/unit/test_agent_replay.py) was made with
+  python -m bench.consumer --record netstack.rec --servers 2 --workers 2 --rate 20 --duration-s 2
+then gzipped.
+
 Needs root (BPF). Run from the repository root of the tree whose probes you want
 recorded (a clean checkout of a commit, so the format is one that landed):
   /work/main/.venv/bin/python tests/data/agent/record.py
@@ -20,8 +25,6 @@ import glob
 import gzip
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -38,42 +41,16 @@ PSBENCH = ["--servers", "2", "--workers", "2", "--duration-s", "1", "--rate", "2
 AGENT_FLAGS = ["--no-netstack"]
 
 
-def pyzmq_libzmq() -> Path:
-    import zmq
-    libs = sorted(Path(zmq.__file__).parent.parent.glob("pyzmq.libs/libzmq*.so*"))
-    if not libs:
-        raise SystemExit("pyzmq ships no bundled libzmq here; pass the libzmq the job loads")
-    return libs[0]
-
-
 def main() -> None:
     import pandas as pd
 
     from agent.rundir import read_run_dir
+    from bench.consumer import record
     from workloads.psbench.truth import read_truth
 
-    ns = f"pslat-rec-{os.getpid()}"
     tmp = Path(tempfile.mkdtemp(prefix="pslat-agent-rec-"))
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    agent = None
     try:
-        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "agent", "--out", str(tmp / "out"), "--netns", ns,
-             "--lib", str(pyzmq_libzmq()), "--record", str(tmp / "rec.bin"), *AGENT_FLAGS],
-            cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        for line in agent.stderr:  # ready signal
-            print(line, end="", file=sys.stderr)
-            if "ready:" in line:
-                break
-        else:
-            raise SystemExit(f"the agent did not start: {agent.wait()}")
-        subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "agent.cli", "psbench", "run",
-                        "--out", str(tmp / "ps"), *PSBENCH], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        agent.send_signal(signal.SIGINT)
-        print(agent.stderr.read(), end="", file=sys.stderr)
-        if agent.wait(60) != 0:
-            raise SystemExit("the agent failed")
+        record(tmp / "rec.bin", PSBENCH, AGENT_FLAGS, out=tmp / "out", psbench_out=tmp / "ps")
         with open(tmp / "rec.bin", "rb") as f, gzip.open(HERE / "psbench.rec.gz", "wb", compresslevel=9) as g:
             shutil.copyfileobj(f, g)
         frames = [read_run_dir(d).tables["messages"] for d in sorted(glob.glob(str(tmp / "out" / "*/")))]
@@ -83,9 +60,6 @@ def main() -> None:
         print(f"{len(msgs)} messages; recording {os.path.getsize(HERE / 'psbench.rec.gz')} bytes gzipped",
               file=sys.stderr)
     finally:
-        if agent is not None and agent.poll() is None:
-            agent.kill()
-        subprocess.run(["ip", "netns", "del", ns], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
