@@ -10,8 +10,8 @@ each against the real `pslat agent` (a child process) and real traffic on loopba
 - random bytes on a traced connection between valid ps-lite messages: counted as
   unparsed, the messages after them found with their ids.
 
-psbench runs under its own process name (COMM, set with prctl before psbench starts)
-so that --comm selects it and nothing else on this shared machine. The agent attaches
+psbench runs under its own process name (COMM, psbench --proc-name) so that --comm
+selects it and nothing else on this shared machine. The agent attaches
 no TC filter (probes/ has none): what a killed agent could leave behind is BPF
 programs, links and tracefs uprobe events, and those are checked.
 
@@ -112,29 +112,13 @@ import pytest  # noqa: E402
 
 from agent.child import AgentProcess  # noqa: E402
 from agent.rundir import RunDirWriter, read_run_dir  # noqa: E402
-from workloads.psbench.launch import Job, launch  # noqa: E402
-from workloads.psbench.options import Workload  # noqa: E402
+from workloads.psbench.launch import Job, launch_local  # noqa: E402
 
 pytestmark = pytest.mark.privileged
 
-# psbench's own entry point, run after naming the process (the group leader, which
-# --comm matches; libzmq renames its I/O threads, not the leader)
-_NAMED = ("import ctypes, runpy, sys; ctypes.CDLL(None).prctl(15, sys.argv.pop(1).encode(), 0, 0, 0); "
-          "runpy.run_module('workloads.psbench', run_name='__main__', alter_sys=True)")
-
-
 def psbench(out: Path, duration_s: float, servers: int = 1, workers: int = 2, **opts) -> Job:
-    """A psbench job on loopback whose processes are named COMM."""
-    def popen(_host, argv, **kw):
-        assert argv[1:3] == ["-m", "workloads.psbench"], argv
-        return subprocess.Popen([argv[0], "-c", _NAMED, COMM, *argv[3:]], cwd=ROOT, **kw)
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    roles = ["scheduler"] + ["server"] * servers + ["worker"] * workers
-    return launch(out, [(r, None, "127.0.0.1") for r in roles], popen, ("127.0.0.1", port),
-                  Workload.from_kwargs(duration_s=duration_s, **opts), die_with_parent=True)
+    """A psbench job on loopback whose processes (and threads) are named COMM."""
+    return launch_local(out, servers, workers, duration_s, proc_name=COMM, **opts)
 
 
 def agent(out: Path, *args: str) -> AgentProcess:
