@@ -6,9 +6,12 @@
 
 Shards are written under a temporary name and renamed when complete, so a
 crash (even kill -9) loses at most the rows not yet in a closed shard, and a
-reader never sees half a shard. When the disk is full the writer drops rows,
-counts them in meta.json's counters (if meta.json itself can still be written)
-and keeps its memory bounded; it never raises into the tracing loop.
+reader never sees half a shard. When a write fails (a full disk, most often)
+the writer drops that shard's rows, removes its temporary (so that meta.json,
+small, still fits), counts them in meta.json's counters (rows_dropped,
+shards_failed, meta_write_failures), says so once on stderr and again when
+writing resumes, and tries meta.json again at every flush; its memory stays
+bounded and it never raises into the tracing loop.
 """
 from __future__ import annotations
 
