@@ -160,7 +160,7 @@ def _notes(table: pd.DataFrame, req: pd.DataFrame) -> list[str]:
     if partial:
         out.append(f"{partial} of {n} requests lack the worker's view of the request or the response "
                    "(worker not traced, or its end lost): counted, not in the statistics")
-    comp = table[table["complete"]]
+    comp = table.loc[table["complete"], ["e2e_from", "e2e_to", "folded"]]
     if len(comp) == 0:
         return out
     sys_ = int(((comp["e2e_from"] == "syscall") | (comp["e2e_to"] == "syscall")).sum())
@@ -169,13 +169,18 @@ def _notes(table: pd.DataFrame, req: pd.DataFrame) -> list[str]:
                    "ends at the send/recv syscall")
     for fold, k in comp["folded"].value_counts().items():
         if fold:
-            why = _null_reasons(req.loc[comp.index[comp["folded"] == fold]], fold)
+            why = _null_reasons(req.loc[comp.index[comp["folded"] == fold], _REASON_COLUMNS], fold)
             out.append(f"{k} requests: {fold.replace(';', ', ')} (null stage{why}; '>' = folded into)")
     return out
 
 
 _END_NAMES = {C.CLIENT_TX: "the request's end on the worker", C.SERVER_RX: "the request's end on the server",
               C.SERVER_TX: "the response's end on the server", C.CLIENT_RX: "the response's end on the worker"}
+
+
+# what _null_reasons reads (a fold's rows of these only: not every column of the requests)
+_REASON_COLUMNS = list(dict.fromkeys(C.POINTS + [f"{col[:5]}{x}" for col in C.POINTS
+                                                  for x in ("host_id", "null_reasons")]))
 
 
 def _null_reasons(req: pd.DataFrame, fold: str) -> str:

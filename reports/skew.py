@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parsers.pslite.keysample import key_hash
+from reports.load import release_memory, system_allocator
 
 COVER_MIN = 0.5
 MIN_COVER_MSGS = 30
@@ -190,6 +191,14 @@ def _aggregation(est: np.ndarray, workers: np.ndarray, bytes_per_key, total_byte
 def key_skew(ctx) -> dict[str, Any]:
     """{"push": ..., "pull": ...} (op_skew) from the run dirs' key samples; {"why_none": ...}
     when no request message carried any."""
+    with system_allocator():   # the shards' buffers given back once done (see reports.load)
+        try:
+            return _key_skew(ctx)
+        finally:
+            release_memory()
+
+
+def _key_skew(ctx) -> dict[str, Any]:
     rows, parts = 0, []
     for shard in ctx.shards("messages", COLUMNS):
         # only data request messages can count (a quarter of the rows): the key samples of the
