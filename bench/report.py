@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -112,6 +113,8 @@ def measure(run_root: Path, html_out: Path) -> dict:
     t3 = time.perf_counter()
     r["html_s"], r["hwm_mb"], r["html_bytes"] = t3 - t2, _hwm_mb(), html_out.stat().st_size
     r["total_s"], r["cpu_s"], r["requests"] = t3 - t0, time.process_time() - c0, len(d.requests)
+    # on a shared machine wall time is CPU time plus waiting for a CPU: both are printed
+    r["load_avg_1m"] = os.getloadavg()[0]
     return r
 
 
@@ -139,7 +142,8 @@ def describe(m: dict) -> str:
     return (f"{m['requests']:>9,} requests ({m['generated']['hosts']} hosts, run dirs "
             f"{m['generated']['run_dir_bytes'] / 2**20:,.0f} MiB): read+dissect {m['dissect_s']:.2f} s, "
             f"summary JSON {m['summary_json_s']:.2f} s, HTML {m['html_s']:.2f} s ({m['html_bytes'] / 2**20:.1f} MiB); "
-            f"total {m['total_s']:.2f} s = {m['us_per_request']:.1f} us/request; peak RSS {m['hwm_after_json_mb']:,.0f} "
+            f"total {m['total_s']:.2f} s = {m['us_per_request']:.1f} us/request ({m['cpu_s']:.2f} s CPU, load "
+            f"{m['load_avg_1m']:.1f}); peak RSS {m['hwm_after_json_mb']:,.0f} "
             f"MB for JSON, {m['hwm_mb']:,.0f} MB with HTML ({m['hwm_after_imports_mb']:.0f} MB after imports)")
 
 

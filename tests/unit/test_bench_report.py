@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from bench.report import fixed_and_marginal, growth_exponent, last_step_exponent, parse_sizes, per_request_us
+from bench.report import (describe, fixed_and_marginal, growth_exponent, last_step_exponent, parse_sizes,
+                          per_request_us)
 
 
 def test_sizes_are_ascending_distinct_and_not_tiny():
@@ -33,3 +34,13 @@ def test_linear_and_quadratic_growth_are_told_apart():
 def test_per_request_cost():
     assert per_request_us(2.0, 1_000_000) == pytest.approx(2.0)
     assert per_request_us(None, 10) is None and per_request_us(1.0, 0) is None
+
+
+def test_line_shows_wall_cpu_and_load():
+    """On a shared machine wall time alone misleads: the line gives CPU time and load beside it."""
+    m = {"requests": 1_000_000, "generated": {"hosts": 40, "run_dir_bytes": 312 * 2**20}, "dissect_s": 14.2,
+         "summary_json_s": 1.3, "html_s": 10.7, "html_bytes": 5 * 2**20, "total_s": 26.1, "us_per_request": 26.1,
+         "cpu_s": 24.5, "load_avg_1m": 5.3, "hwm_after_json_mb": 2400.0, "hwm_mb": 2450.0,
+         "hwm_after_imports_mb": 111.0}
+    line = describe(m)
+    assert "total 26.10 s" in line and "24.50 s CPU" in line and "load 5.3" in line and "2,450 MB" in line
