@@ -35,7 +35,7 @@ WARMUP = ROOT / "tests" / "data" / "agent" / "netstack.rec.gz"
 
 # ---------------------------------------------------------------- recording
 
-def record(rec: Path, psbench_args: list[str], agent_flags: list[str] = (), out: Path | None = None,
+def record(rec: Path | None, psbench_args: list[str], agent_flags: list[str] = (), out: Path | None = None,
            psbench_out: Path | None = None, log=None) -> Path:
     """A psbench job in a fresh namespace's loopback, traced by `pslat agent --record rec`.
     Returns the agent's --out dir (out, or a temporary one the caller removes)."""
@@ -50,8 +50,9 @@ def record(rec: Path, psbench_args: list[str], agent_flags: list[str] = (), out:
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
-        with AgentProcess(out, ["--netns", ns, "--lib", str(libzmq()), "--record", str(rec),
-                                *agent_flags], echo=log) as agent:
+        record_flags = ["--record", str(rec)] if rec else []   # None: traced, not recorded
+        with AgentProcess(out, ["--netns", ns, "--lib", str(libzmq()), *record_flags, *agent_flags],
+                          echo=log) as agent:
             subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "agent.cli", "psbench", "run",
                             "--out", str(psbench_out), *psbench_args], cwd=ROOT, check=True,
                            stdout=subprocess.DEVNULL)
