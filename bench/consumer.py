@@ -2,13 +2,17 @@
 replayed through the live decoders and correlator (agent.daemon.replay), without
 root and without the job competing for the cores.
 
-    python -m bench.consumer FILE [--repeat 3]      replay cost of a recording
+    python -m bench.consumer FILE [--repeat 3] [--baseline REV]   replay cost of a recording
     python -m bench.consumer --record FILE [--rate 200 --duration-s 15]   (root)
 
 Replay: each repeat runs in a fresh child process (peak RSS is per process), and
-prints CPU seconds (user + system of the replay loop), messages out, CPU per
-message and peak RSS. The last line is JSON: {"cpu_us_per_message", "events_per_message",
-"peak_rss_mb", "messages", "events", "runs": [...]} (medians over the repeats).
+prints CPU seconds (user + system of the whole replay, shard writing included,
+after a warm-up replay of a small recording), messages out, CPU per message and
+peak RSS. --baseline REV replays the same file with the agent of another git
+revision too, interleaved. The last line is JSON: {"cpu_us_per_message",
+"events_per_message", "peak_rss_mb", "messages", "events", "runs": [...],
+"baseline": {same, "rev"}, "cpu_per_message_ratio", "peak_rss_ratio"} (medians
+over the repeats; ratios are baseline / current).
 
 Record: a psbench job (--servers x --workers, open loop at --rate requests/s per
 worker, 0 = closed loop) on the loopback of a network namespace made for it,
@@ -65,14 +69,14 @@ def record(rec: Path | None, psbench_args: list[str], agent_flags: list[str] = (
 
 # ---------------------------------------------------------------- replay
 
-def replay_once(path: Path) -> dict:
+def replay_once(path: Path, warmup: Path = WARMUP) -> dict:
     """One replay in this process: its CPU, messages out and peak RSS."""
     from agent.daemon import replay
 
     with tempfile.TemporaryDirectory(prefix="pslat-consumer-") as tmp:
         # first a small recording: the modules the pipeline imports on first use
         # (pyarrow.parquet, protobuf...) are a start-up cost, not a per-message one
-        replay(WARMUP, Path(tmp) / "warmup")
+        replay(Path(warmup), Path(tmp) / "warmup")
         # the whole replay, shard writing included (the live agent writes them too)
         c0 = time.process_time()
         pipeline, wall_s = replay(Path(path), Path(tmp) / "run")
@@ -85,11 +89,13 @@ def replay_once(path: Path) -> dict:
             "events_per_message": round(events / max(msgs, 1), 2), "peak_rss_mb": round(rss_mb, 1)}
 
 
-def replay_in_child(path: Path, python: str = sys.executable, cwd: Path = ROOT) -> dict:
-    """replay_once in a fresh interpreter (of another tree too: cwd), for a clean peak RSS."""
-    code = ("import json,sys; from bench.consumer import replay_once; "
-            "print(json.dumps(replay_once(sys.argv[1])))")
-    got = subprocess.run([python, "-c", code, str(Path(path).resolve())], cwd=cwd, capture_output=True,
+def replay_in_child(path: Path, cwd: Path = ROOT) -> dict:
+    """replay_once in a fresh interpreter, for a clean peak RSS; cwd: the tree whose
+    agent replays it (another checkout: the baseline)."""
+    code = ("import json,sys; sys.path.insert(0, sys.argv[3]); from consumer import replay_once; "
+            "print(json.dumps(replay_once(sys.argv[1], sys.argv[2])))")
+    got = subprocess.run([sys.executable, "-c", code, str(Path(path).resolve()), str(WARMUP),
+                          str(Path(__file__).resolve().parent)], cwd=cwd, capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(cwd)})
     if got.returncode != 0:
         raise RuntimeError(f"replay of {path} failed: {got.stderr[-2000:]}")
@@ -107,6 +113,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.consumer", description=__doc__.split("\n\n")[0])
     ap.add_argument("file", type=Path, help="a recording (`pslat agent --record`)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--baseline", metavar="REV", help="also replay with the agent of git revision REV, "
+                    "runs interleaved; prints both and the ratios")
     ap.add_argument("--record", action="store_true", help="make FILE (root): psbench traced with --record")
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=4)
@@ -119,13 +127,32 @@ def main(argv=None) -> None:
         shutil.rmtree(out.parent, ignore_errors=True)
         print(json.dumps({"recording": str(a.file), "bytes": a.file.stat().st_size}))
         return
-    runs = []
-    for i in range(a.repeat):
-        r = replay_in_child(a.file)
-        print(f"run {i}: {r['messages']} messages, {r['events']} events, {r['cpu_s']} s CPU, "
-              f"{r['cpu_us_per_message']} us/message, peak RSS {r['peak_rss_mb']} MB", file=sys.stderr)
-        runs.append(r)
-    print(json.dumps(summary(runs)))
+    trees = {"current": ROOT}
+    with tempfile.TemporaryDirectory(prefix="pslat-consumer-base-") as base:
+        if a.baseline:
+            trees = {"baseline": checkout(a.baseline, Path(base)), **trees}
+        runs: dict[str, list] = {k: [] for k in trees}
+        for i in range(a.repeat):   # interleaved: the machine's load drifts
+            for name, tree in trees.items():
+                r = replay_in_child(a.file, cwd=tree)
+                print(f"{name} run {i}: {r['messages']} messages, {r['events']} events, {r['cpu_s']} s CPU, "
+                      f"{r['cpu_us_per_message']} us/message, peak RSS {r['peak_rss_mb']} MB", file=sys.stderr)
+                runs[name].append(r)
+    out = summary(runs["current"])
+    if a.baseline:
+        base = out["baseline"] = {"rev": a.baseline, **summary(runs["baseline"])}
+        out["cpu_per_message_ratio"] = round(base["cpu_us_per_message"] / out["cpu_us_per_message"], 2)
+        out["peak_rss_ratio"] = round(base["peak_rss_mb"] / out["peak_rss_mb"], 2)
+    print(json.dumps(out))
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The tree of git revision rev, extracted into `into` (no working tree touched)."""
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline {rev}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
 
 
 if __name__ == "__main__":
