@@ -253,6 +253,7 @@ static __always_inline void make_room(struct fw_slot *s)
 
 static __always_inline int zmq_leave(struct pt_regs *ctx, u8 kind)
 {
+    u64 now = bpf_ktime_get_ns();   /* the return, before our own reads */
     struct fw_slot *s = leave(kind);
     if (!s)
         return 0;
@@ -268,7 +269,6 @@ static __always_inline int zmq_leave(struct pt_regs *ctx, u8 kind)
         return 0;
     if (kind == FW_ZMQ_RECV)  /* the frame is in the zmq_msg_t only now */
         read_frame(s, n, (const u8 *)s->obj, 1);
-    u64 now = bpf_ktime_get_ns();
     if (n == 0) {
         u64 id = bpf_get_current_pid_tgid();
         s->ev.ts_ns = s->call_ts_ns;
@@ -320,12 +320,13 @@ int zmq_recv_return(struct pt_regs *ctx) { return zmq_leave(ctx, FW_ZMQ_RECV); }
 
 /* --- one event per call: zmq_socket, ps::ZMQVan ---------------------------------------- */
 
-/* The slot's event as the record of one call that just returned. */
-static __always_inline void call_event(struct fw_slot *s, u8 kind, s64 ret, u64 sock, u8 frames)
+/* The slot's event as the record of one call that returned at ret_ts_ns. */
+static __always_inline void call_event(struct fw_slot *s, u8 kind, s64 ret, u64 sock, u8 frames,
+                                       u64 ret_ts_ns)
 {
     u64 id = bpf_get_current_pid_tgid();
     s->ev.ts_ns = s->call_ts_ns;
-    s->ev.ret_ts_ns = s->ev.first_ret_ts_ns = bpf_ktime_get_ns();
+    s->ev.ret_ts_ns = s->ev.first_ret_ts_ns = ret_ts_ns;
     s->ev.sock = sock;
     s->ev.ret = ret;
     s->ev.tgid = id >> 32;
@@ -355,7 +356,7 @@ int zmq_socket_return(struct pt_regs *ctx)
     struct fw_slot *s = leave(FW_ZMQ_SOCKET);
     u64 handle = PT_REGS_RC(ctx);
     if (s)
-        call_event(s, FW_ZMQ_SOCKET, handle ? 0 : -1, handle, 0);
+        call_event(s, FW_ZMQ_SOCKET, handle ? 0 : -1, handle, 0, bpf_ktime_get_ns());
     return 0;
 }
 
@@ -387,7 +388,7 @@ int ps_send_return(struct pt_regs *ctx)
 {
     struct fw_slot *s = leave(FW_PS_SEND);
     if (s)
-        call_event(s, FW_PS_SEND, (s32)PT_REGS_RC(ctx), s->call_sock, 1);
+        call_event(s, FW_PS_SEND, (s32)PT_REGS_RC(ctx), s->call_sock, 1, bpf_ktime_get_ns());
     return 0;
 }
 
@@ -396,12 +397,13 @@ int ps_recv_entry(struct pt_regs *ctx) { return ps_enter(ctx, FW_PS_RECV, 0); }
 
 int ps_recv_return(struct pt_regs *ctx)
 {
+    u64 now = bpf_ktime_get_ns();   /* the return, before our own read */
     struct fw_slot *s = leave(FW_PS_RECV);
     if (!s)
         return 0;
     s64 ret = (s32)PT_REGS_RC(ctx);
     if (ret >= 0)
         read_ps_meta(s);
-    call_event(s, FW_PS_RECV, ret, s->call_sock, 1);
+    call_event(s, FW_PS_RECV, ret, s->call_sock, 1, now);
     return 0;
 }
