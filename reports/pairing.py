@@ -104,7 +104,8 @@ def pair_ends(m: pd.DataFrame) -> tuple[pd.DataFrame, EndStats]:
     m = m.reset_index(drop=True)
     is_tx = (m["direction"] == "tx").to_numpy()
     is_rx = (m["direction"] == "rx").to_numpy()
-    kt, kr = _packed(_flow_keys(m[is_tx], True), _flow_keys(m[is_rx], False))
+    flow = m[["local_ip", "local_port", "remote_ip", "remote_port", "seq_first", "seq_end"]]   # not a copy of all
+    kt, kr = _packed(_flow_keys(flow[is_tx], True), _flow_keys(flow[is_rx], False))
     dup_t, dup_r = kt.duplicated(keep=False), kr.duplicated(keep=False)
     stats = EndStats(ambiguous=int(dup_t.sum() + dup_r.sum()))
     j = (kt[~dup_t].rename_axis("tx_row").reset_index()
