@@ -261,6 +261,23 @@ def _walked_view(items: list, total: int) -> tuple[list, list]:
     if len(pieces) > 1:
         pieces.sort(key=_first)
     out: list = []
+    if len(walked) == 1 and walked[0] == (0, total):
+        # the common case, the walker followed the whole call: all it did not copy is Skip
+        at = 0
+        for off, data in pieces:
+            if off < at or off + len(data) > total:
+                raise ValueError(f"sockcall pieces overlap or overrun the call at offset {off}")
+            if off > at:
+                out.append((at, Skip(off - at)))
+                out.append((off, data))
+            elif out and type(out[-1][1]) is bytes and out[-1][0] + len(out[-1][1]) == off:
+                out[-1] = (out[-1][0], out[-1][1] + data)
+            else:
+                out.append((off, data))
+            at = off + len(data)
+        if at < total:
+            out.append((at, Skip(total - at)))
+        return out, walked
 
     def uncaptured(a: int, b: int) -> None:
         # [a, b) holds no captured bytes: Skip where walked, Gap elsewhere
