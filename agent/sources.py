@@ -43,6 +43,7 @@ Sink = Callable[[str, bytes], None]
 RECORD_MAGIC = b"PSLATREC"
 RECORD_VERSION = 1
 _REC_HEAD = struct.Struct("<B3xI")
+READ_CHUNK_BYTES = 4 << 20
 NOTE_PROBE = "agent"
 RESCAN_INTERVAL_S = 0.25     # new processes: listing /proc costs ~1 ms; a late pickup misses messages
 YOUNG_S = 10.0               # a process refused when first seen is checked again for this long,
@@ -128,17 +129,25 @@ def read_recording(path: Path) -> tuple[dict, Iterator[tuple[str, bytes]]]:
     probes = header["probes"]
 
     def events() -> Iterator[tuple[str, bytes]]:
-        with f:
-            data = f.read()
-        pos, end, size = 0, len(data), _REC_HEAD.size
+        # read in chunks: a recording of minutes is hundreds of MB
+        size = _REC_HEAD.size
         unpack = _REC_HEAD.unpack_from
-        while pos + size <= end:
-            idx, n = unpack(data, pos)
-            pos += size
-            if pos + n > end or idx >= len(probes):
-                break  # cut short
-            yield probes[idx], data[pos:pos + n]
-            pos += n
+        data, pos = b"", 0
+        with f:
+            while True:
+                chunk = f.read(READ_CHUNK_BYTES)
+                data = data[pos:] + chunk
+                pos, end = 0, len(data)
+                while pos + size <= end:
+                    idx, n = unpack(data, pos)
+                    if pos + size + n > end:
+                        break   # the rest of this event is in the next chunk
+                    if idx >= len(probes):
+                        return  # corrupt from here on
+                    yield probes[idx], data[pos + size:pos + size + n]
+                    pos += size + n
+                if not chunk:
+                    return      # a last event cut short (agent killed) is dropped
 
     return header, events()
 

@@ -180,6 +180,15 @@ def test_replay_gives_the_golden_tables(tmp_path):
         pd.testing.assert_frame_equal(g, want)
 
 
+def test_a_recording_read_in_small_chunks_gives_the_same_events(monkeypatch):
+    import agent.sources
+    _, events = read_recording(GOLDEN_REC)
+    whole = list(events)
+    monkeypatch.setattr(agent.sources, "READ_CHUNK_BYTES", 999)   # events straddle every chunk edge
+    _, events = read_recording(GOLDEN_REC)
+    assert list(events) == whole and len(whole) > 1000
+
+
 if __name__ == "__main__":
     import sys
     import tempfile
