@@ -11,6 +11,7 @@ stderr as they happen.
 """
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -37,10 +38,14 @@ COUNTERS_INTERVAL_S = 1.0
 # requests in 3 s untraced; 401 with an agent at nice -10 woken per event, 1838 at
 # nice 0). The rings (16 MiB each) hold far more than a batch interval's events.
 BATCH_INTERVAL_S = 0.02
-# On stop (_stop) the probes detach while the rings are decoded for STOP_DECODE_S at
-# most; what arrives later is counted as lost, for STOP_COUNT_S at most once the probes
-# are gone: a SIGTERM ends within 2 s, and no event is dropped without being counted.
+# On stop (_stop) the probes detach while the rings are decoded, for STOP_DECODE_S at
+# most on SIGTERM (a service manager's stop: the agent ends within 2 s) and for
+# FINAL_DRAIN_S on Ctrl-C or the end of --duration (a user or a test wants the whole
+# record: a consumer behind at the stop holds seconds of events in the rings; a second
+# Ctrl-C cuts it short). What arrives later is counted as lost, for STOP_COUNT_S at
+# most once the probes are gone: no event is dropped without being counted.
 STOP_DECODE_S = 0.4
+FINAL_DRAIN_S = 10.0
 STOP_COUNT_S = 0.2
 SHARD_INTERVAL_S = 2.0
 BTF_PATH = Path("/sys/kernel/btf/vmlinux")
@@ -283,7 +288,10 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
     stop = {"why": None}
 
     def on_signal(signum, _frame):
-        stop["why"] = signal.Signals(signum).name
+        if stop["why"] is None:
+            stop["why"] = signal.Signals(signum).name
+        else:
+            stop["again"] = True   # while stopping: cut the final decoding short
 
     server = None
     if o.listen and aggregates is None:
@@ -314,7 +322,6 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         # can take seconds (the backlog of the compile time, while the job runs on)
         # and must not expire what the other ring still holds.
         sink(NOTE_PROBE, b'{"watermark_ns": %d}' % attached_ns)
-        import json
         from agent.shedding import Shedder, SheddingLoop
         shedding = SheddingLoop(Shedder(o.sample_rate, attached_ns), live.program.bpf,
                                 lambda note: sink(NOTE_PROBE, json.dumps(note).encode()), pipeline.sampling)
@@ -351,7 +358,8 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
             pipeline.maybe_flush()
             if deadline is not None and now >= deadline:
                 stop["why"] = "duration"
-        _stop(live, pipeline, unread, log)
+        _stop(live, pipeline, unread, log, STOP_DECODE_S if stop["why"] == "SIGTERM" else FINAL_DRAIN_S,
+              lambda: stop.get("again", False))
     finally:
         live.close()   # detach every probe before anything else can fail
         if server is not None:
@@ -365,19 +373,21 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
     return {h: w.path for h, w in pipeline.writers.items()}
 
 
-def _stop(live: LiveSource, pipeline: Pipeline, unread: dict, log: Callable[[str], None]) -> None:
-    """Detaches the probes and closes the run dirs within a SIGTERM's 2 s.
+def _stop(live: LiveSource, pipeline: Pipeline, unread: dict, log: Callable[[str], None],
+          decode_s: float, cut_short: Callable[[], bool]) -> None:
+    """Detaches the probes and closes the run dirs (within a SIGTERM's 2 s: decode_s
+    STOP_DECODE_S).
 
     The probes detach in the background (agent.detach; RCU grace periods: 0.6 s idle,
-    2-3 s on a loaded 2-vCPU machine) while the rings are decoded, for STOP_DECODE_S
-    at most. Then what the probes still deliver is counted as lost (lost_at_stop), not
-    decoded, and the run dirs close meanwhile; once the last probe is gone the count is
-    finished (STOP_COUNT_S at most) and meta.json rewritten with it."""
-    give_up = time.monotonic() + STOP_DECODE_S
+    2-3 s on a loaded 2-vCPU machine) while the rings are decoded, for decode_s at
+    most (or until cut_short()). Then what the probes still deliver is counted as lost
+    (lost_at_stop), not decoded, and the run dirs close meanwhile; once the last probe
+    is gone the count is finished (STOP_COUNT_S at most) and meta.json rewritten with it."""
+    give_up = time.monotonic() + decode_s
     detaching = Detacher([live.program.bpf, getattr(live.framework, "_bpf", None)])
     while True:
         emptied = live.drain(budget_s=min(0.05, max(0.01, give_up - time.monotonic())))
-        if (emptied and detaching.done()) or time.monotonic() >= give_up:
+        if (emptied and detaching.done()) or time.monotonic() >= give_up or cut_short():
             break
         if emptied:
             detaching.wait(0.005)
@@ -403,7 +413,7 @@ def _stop(live: LiveSource, pipeline: Pipeline, unread: dict, log: Callable[[str
         w.meta["counters"].update(pipeline._host_counters(host))
         w.write_meta()
     if sum(unread["count"].values()) or not emptied:
-        log(f"stopping: {sum(unread['count'].values())} events that arrived after {STOP_DECODE_S:g} s of "
+        log(f"stopping: {sum(unread['count'].values())} events that arrived after {decode_s:g} s of "
             "decoding were counted as lost, not decoded"
             + ("" if emptied else " (and more were left uncounted: the count is a lower bound)"))
 
