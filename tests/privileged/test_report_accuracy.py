@@ -84,24 +84,42 @@ def _truth(truth: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def _last_segments(wire: pd.DataFrame) -> pd.DataFrame:
-    f = wire[(wire.payload_bytes > 0) & ~wire.dropped].copy()
-    f["seq_end"] = (f.seq + f.payload_bytes) % 2**32
-    # a retransmitted last segment: the copy that got through last is the one received
-    return f.drop_duplicates(["sport", "dport", "seq_end"], keep="last")
+def _segments(wire: pd.DataFrame) -> pd.DataFrame:
+    """Data frames that got through, with their payload's place in their flow's byte
+    stream (seq relative to the flow's first frame: a stream may wrap 2^32)."""
+    f = wire[(wire.payload_bytes > 0) & ~wire.dropped].sort_values("t_in_mono_ns").copy()
+    f["base"] = f.groupby(["sport", "dport"]).seq.transform("first")
+    f["rel"] = (f.seq - f.base) % 2**32
+    f["rel_end"] = f.rel + f.payload_bytes
+    # a retransmitted segment: the copy that got through last is the one received
+    return f.drop_duplicates(["sport", "dport", "rel"], keep="last")
+
+
+def _covering(ends: pd.DataFrame, seg: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """For each message end (its flow and seq_end), the frame that carried its last byte:
+    libzmq batches messages into one send, so a message may end inside a segment."""
+    base = seg.drop_duplicates(["sport", "dport"])[["sport", "dport", "base"]]
+    e = ends.merge(base, left_on=[f"{kind}_sport", f"{kind}_dport"], right_on=["sport", "dport"])
+    e["byte"] = ((e[f"{kind}_seq_end"] - 1 - e.base) % 2**32).astype("float64")
+    s = seg.astype({"rel": "float64"}).sort_values("rel")
+    m = pd.merge_asof(e.sort_values("byte"), s[["sport", "dport", "rel", "rel_end", "delay_actual_ns",
+                                                "delay_applied_ns"]],
+                      left_on="byte", right_on="rel", by=["sport", "dport"], direction="backward")
+    m = m[m.byte < m.rel_end]
+    return m[["_row", "delay_actual_ns", "delay_applied_ns"]].rename(
+        columns={"delay_actual_ns": f"{kind}_wire_actual", "delay_applied_ns": f"{kind}_wire_applied"})
 
 
 def _joined(d, truth, wire):
     q = d.complete.astype({"worker": "int64", "server": "int64", "timestamp": "int64"})
     j = q.merge(_truth(truth), left_on=["worker", "server", "timestamp"],
                 right_on=["sender", "recver", "timestamp"], suffixes=("", "_true"), validate="one_to_one")
-    seg = _last_segments(wire)[["sport", "dport", "seq_end", "delay_actual_ns", "delay_applied_ns"]]
+    j["_row"] = np.arange(len(j))
+    seg = _segments(wire)
     for kind in ("req", "resp"):
-        j = j.astype({f"{kind}_sport": "int64", f"{kind}_dport": "int64", f"{kind}_seq_end": "int64"}).merge(
-            seg.rename(columns={"delay_actual_ns": f"{kind}_wire_actual", "delay_applied_ns": f"{kind}_wire_applied"}),
-            left_on=[f"{kind}_sport", f"{kind}_dport", f"{kind}_seq_end"], right_on=["sport", "dport", "seq_end"],
-            how="left").drop(columns=["sport", "dport", "seq_end"])
-    return j
+        ends = j[["_row", f"{kind}_sport", f"{kind}_dport", f"{kind}_seq_end"]].dropna().astype("int64")
+        j = j.merge(_covering(ends, seg, kind), on="_row", how="left", validate="one_to_one")
+    return j.drop(columns="_row")
 
 
 def _require_stage_times(d):
