@@ -155,7 +155,7 @@ def _take(m: pd.DataFrame, idx: np.ndarray, cols: list[str]) -> pd.DataFrame:
             out[c] = pd.Categorical.from_codes(np.where(missing, -1, a.codes[safe]), dtype=a.dtype)
         else:
             out[c] = m[c].reindex(idx).reset_index(drop=True)
-    return pd.DataFrame(out, columns=cols)
+    return pd.DataFrame(out, columns=cols, copy=False)
 
 
 def _gather(m: pd.DataFrame, tx_idx: np.ndarray, rx_idx: np.ndarray) -> pd.DataFrame:
