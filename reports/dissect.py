@@ -85,6 +85,8 @@ def dissect_loaded(loaded: Loaded, force_estimate: bool = False) -> Dissection:
     comps = C.compute(req)
     table = _table(req, comps)
     notes += _notes(table, req)
+    del req, comps
+    release_memory()
     rate = _sampling_rate(loaded)
     if rate is not None:
         notes.append(f"the agents sampled host pairs at rate {rate:g}: counts are of the sampled traffic")
