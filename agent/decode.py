@@ -186,14 +186,19 @@ class Skip(int):
     """n bytes inside frame bodies the kernel's walker skipped (not lost: known)."""
 
 
+class Hunted(int):
+    """n bytes the kernel's walker searched for sync and rejected (unparsed, not lost)."""
+
+
 # The walker's items (events.h struct sockcall_item and its bodies), unpacked with
 # struct: the ctypes mirrors (probes.events, probes.sockcalls.WalkedCall, which this
 # must agree with: tests/unit/test_agent_decode.py) cost ~50 us per call.
 _ITEM = struct.Struct("<BBHI")            # kind, what, len, call_off
 _KEYS = struct.Struct("<IBBHQ")           # scanned_bytes, level, count, pad, mask
 _IT_BYTES, _IT_WALK_START, _IT_WALK_END, _IT_MSG_END, _IT_KEYS, _IT_RX_TIMES = 1, 2, 3, 4, 5, 6
-_FIXED_LEN = {_IT_WALK_START: 8, _IT_WALK_END: 8, _IT_MSG_END: 16}
-_ITEM_KINDS = frozenset(range(1, 9))
+_IT_HUNTED = 9
+_FIXED_LEN = {_IT_WALK_START: 8, _IT_WALK_END: 8, _IT_MSG_END: 16, _IT_HUNTED: 8}
+_ITEM_KINDS = frozenset(range(1, 10))
 _WALK_HOWS = {_IT_WALK_START: frozenset(range(1, 5)), _IT_WALK_END: frozenset(range(1, 11))}
 _CALLS = frozenset(c.value for c in SockCall)
 _PAYLOAD_MAX = SockcallEvent.payload.size
@@ -227,10 +232,13 @@ def _walked_view(items: list, total: int) -> tuple[list, list]:
     probes.sockcalls.WalkedCall.stream_view(0) / walked_ranges(), Gap as int, Skip as Skip."""
     pieces = []
     ranges = []
+    hunted = []
     start = None
     for kind, off, body in items:
         if kind == _IT_BYTES:
             pieces.append((off, body))
+        elif kind == _IT_HUNTED:
+            hunted.append((off, off + int.from_bytes(body[:4], "little")))
         elif kind == _IT_KEYS:
             if len(body) < _KEYS.size:
                 raise ValueError(f"sockcall KEYS item of {len(body)} bytes")
@@ -288,11 +296,17 @@ def _walked_view(items: list, total: int) -> tuple[list, list]:
                     out.append((a, Skip(end - a)))
                     break
             else:
-                end = b
-                for s, _e in walked:
-                    if a < s < end:
-                        end = s
-                out.append((a, end - a))
+                for s, e in hunted:
+                    if s <= a < e:
+                        end = min(b, e)
+                        out.append((a, Hunted(end - a)))
+                        break
+                else:
+                    end = b
+                    for s, _e in walked + hunted:
+                        if a < s < end:
+                            end = s
+                    out.append((a, end - a))
             a = end
 
     at = 0
@@ -533,7 +547,8 @@ class StreamDecoder:
                     if n > 0:
                         # a Skip is inside a frame body: parsers/pslite has no skip() yet,
                         # and a gap there loses nothing (the parser walks the body anyway)
-                        out += (getattr(parser, "skip", parser.gap) if isinstance(x, Skip) else parser.gap)(n)
+                        out += (getattr(parser, "skip", parser.gap) if isinstance(x, Skip) else
+                                getattr(parser, "unparsed", parser.gap) if isinstance(x, Hunted) else parser.gap)(n)
                 else:
                     if rel < skip:
                         x = x[skip - rel:]

@@ -52,7 +52,9 @@ enum sockcall_counter {
 	SOCKCALL_COUNTER_HINTS_APPLIED = PSLAT_COUNTER_FIRST_EXTRA + 11, /* sync hints that started a walk */
 	SOCKCALL_COUNTER_HINTS_STALE = PSLAT_COUNTER_FIRST_EXTRA + 12,  /* sync hints the stream had already passed */
 	SOCKCALL_COUNTER_SELF_SYNCS = PSLAT_COUNTER_FIRST_EXTRA + 13,   /* unsynced connections the walker synced by itself (zmtp_walk.bpf.h, self-sync) */
-	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 14,
+	SOCKCALL_COUNTER_WALK_BUDGET = PSLAT_COUNTER_FIRST_EXTRA + 14,  /* calls with more frames than the walker's step budget: the rest unwalked */
+	SOCKCALL_COUNTER_HUNTED_BYTES = PSLAT_COUNTER_FIRST_EXTRA + 15, /* unsynced bytes the walker searched for a frame chain and rejected */
+	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 16,
 };
 
 /* flags */
@@ -115,6 +117,8 @@ enum sockcall_item_kind {
 	SOCKCALL_ITEM_RX_TIMES = 6,   /* struct ns_rx_times for the message ending at call_off (receives) */
 	SOCKCALL_ITEM_SCHED = 7,      /* struct ns_sched: the calling thread, at this receive's exit */
 	SOCKCALL_ITEM_WINDOW = 8,     /* struct ns_window: the socket, at this send's exit */
+	SOCKCALL_ITEM_HUNTED = 9,     /* struct sockcall_hunted: [call_off, +bytes) was searched for a frame chain
+	                               * and holds none (garbage, or the tail of a message joined mid-way) */
 };
 
 /* BYTES items: what the bytes are (OR-ed when adjacent pieces merged). */
@@ -155,6 +159,11 @@ struct sockcall_walk_mark {
 	__u8  how;           /* WALK_START: SOCKCALL_WALK_*; WALK_END: SOCKCALL_STOP_* */
 	__u8  phase;         /* the walker's phase there (sockcalls.bpf.c enum zw_phase) */
 	__u16 detail;        /* WALK_END BAD_FLAGS: the flags byte */
+};
+
+struct sockcall_hunted {
+	__u32 bytes;         /* bytes searched, from call_off */
+	__u32 _pad;
 };
 
 struct sockcall_msg_end {

@@ -48,7 +48,7 @@ SOCKCALL_PAYLOAD_MAX = 4096
 # Counter slots of the sockcalls probe, in order (enum pslat_counter, enum sockcall_counter).
 SOCKCALL_COUNTERS = ("seen", "lost", "eagain", "inflight_full", "walk_bytes", "frames", "messages",
                      "desyncs", "key_samples", "truncated", "not_zmtp", "stream_gaps", "walk_aborted",
-                     "hints_applied", "hints_stale", "self_syncs")
+                     "hints_applied", "hints_stale", "self_syncs", "walk_budget", "hunted_bytes")
 
 
 class SockcallItemKind(enum.IntEnum):
@@ -62,6 +62,7 @@ class SockcallItemKind(enum.IntEnum):
     RX_TIMES = 6
     SCHED = 7
     WINDOW = 8
+    HUNTED = 9
 
 
 # BYTES items: SOCKCALL_BYTES_*
@@ -127,9 +128,16 @@ class SockcallKeys(ctypes.Structure):
     c_name = "struct sockcall_keys"
 
 
+class SockcallHunted(ctypes.Structure):
+    """struct sockcall_hunted (HUNTED)."""
+
+    _fields_ = [("bytes", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
+    c_name = "struct sockcall_hunted"
+
+
 _ITEM_HDR = ctypes.sizeof(SockcallItem)
 _FIXED_ITEMS = {SockcallItemKind.WALK_START: SockcallWalkMark, SockcallItemKind.WALK_END: SockcallWalkMark,
-                SockcallItemKind.MSG_END: SockcallMsgEnd}
+                SockcallItemKind.MSG_END: SockcallMsgEnd, SockcallItemKind.HUNTED: SockcallHunted}
 _ITEM_KINDS = frozenset(k.value for k in SockcallItemKind)
 
 
