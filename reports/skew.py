@@ -200,7 +200,7 @@ def key_skew(ctx) -> dict[str, Any]:
 
 def _key_skew(ctx) -> dict[str, Any]:
     rows, parts = 0, []
-    for shard in ctx.shards("messages", COLUMNS):
+    for shard in ctx.shards("messages", COLUMNS, dictionary=("host_id", "direction", "op", "local_ip", "remote_ip")):
         # only data request messages can count (a quarter of the rows): the key samples of the
         # others are not kept while the rest is read
         rows += len(shard)
