@@ -365,7 +365,8 @@ class SockcallAssembler:
             self._open[tid] = (h[0], h[2], first, items)
             return None
         ret = first[4]
-        total = ret if ret > 0 and (first[10] - first[9]) & MASK32 == ret else 0
+        moved = (first[10] - first[9]) & MASK32   # a receive that reached the FIN: its seq too
+        total = ret if ret > 0 and (moved == ret or (moved == ret + 1 and first[19] not in _SEND_CALLS)) else 0
         if not total:
             return None
         view, walked = _walked_view(items, total)
