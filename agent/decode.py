@@ -113,13 +113,29 @@ def _head(raw: bytes):
     return _HEAD.unpack_from(raw)
 
 
+_ends_cache: dict[tuple, tuple] = {}   # (family, saddr, sport, daddr, dport) -> (local, remote)
+_comm_cache: dict[bytes, str] = {}
+
+
 def _call(h, view: list, ends: dict) -> Call:
     (enter, exit_, sk, _cookie, _ret, tgid, tid, _fd, netns, seq_start, seq_end, isn_l, isn_r,
      saddr, daddr, family, sport, dport, _pb, call, flags, comm) = h
+    # the same few connections and threads call after call: their strings once
+    key = (family, saddr, sport, daddr, dport)
+    ends_of = _ends_cache.get(key)
+    if ends_of is None:
+        if len(_ends_cache) >= 65536:
+            _ends_cache.clear()
+        ends_of = _ends_cache[key] = ((_addr(family, saddr), sport), (_addr(family, daddr), dport))
+    name = _comm_cache.get(comm)
+    if name is None:
+        if len(_comm_cache) >= 65536:
+            _comm_cache.clear()
+        name = _comm_cache[comm] = comm.split(b"\0", 1)[0].decode(errors="replace")
     return Call(
-        tx=call in _SEND_CALLS, tgid=tgid, tid=tid, comm=comm.split(b"\0", 1)[0].decode(errors="replace"),
+        tx=call in _SEND_CALLS, tgid=tgid, tid=tid, comm=name,
         netns_ino=netns, sk=sk, enter_ts_ns=enter, exit_ts_ns=exit_, family=family,
-        local=(_addr(family, saddr), sport), remote=(_addr(family, daddr), dport),
+        local=ends_of[0], remote=ends_of[1],
         isn_local=isn_l, isn_remote=isn_r,
         isn_known=bool(flags & (SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED)),
         seq_start=seq_start, seq_bytes=(seq_end - seq_start) & MASK32, view=view, ends=ends)
