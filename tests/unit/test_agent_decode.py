@@ -223,13 +223,13 @@ def _reference_call(assembler, history, raw: bytes):
     mirrors (CallAssembler, WalkedCall), as the agent did before its struct decoder."""
     from agent import decode
     from probes.events import SockcallEvent
-    from probes.sockcalls import Gap
 
     wc = assembler.add(SockcallEvent.decode(raw))
     if wc is None or not wc.walkable_bytes:
         return None
-    view = [(o, x if isinstance(x, bytes) else int(x) if isinstance(x, Gap) else decode.Skip(int(x)))
-            for o, x in wc.stream_view(0)]
+    # probes.sockcalls' Gap / Skip / Hunted as the agent's int / Skip / Hunted
+    as_agent = {"Gap": int, "Skip": decode.Skip, "Hunted": decode.Hunted}
+    view = [(o, x if isinstance(x, bytes) else as_agent[type(x).__name__](int(x))) for o, x in wc.stream_view(0)]
     ends: dict = {}
     for e in wc.message_ends():
         st = ends.setdefault(e.call_off, {})
