@@ -37,10 +37,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from agent.errors import UserError
 from reports import components as C
 from reports.extra import RunContext
+from reports.load import nullable
 
 MAX_REQUESTS = 20_000
 # sub-components that follow each other in time (the others split a wait: args only)
@@ -71,7 +74,20 @@ def span_sequence(folded: str, present: set[str]) -> list[str]:
 
 def _thread_ids(ctx: RunContext, req: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(worker tid, comm) and (server tid, comm) per request, from the message rows."""
-    m = ctx.table("messages", ["host_id", "direction", "local_port", "remote_port", "seq_end", "tid", "comm"])
+    cols = ["host_id", "direction", "local_port", "remote_port", "seq_end", "tid", "comm"]
+    # only the rows that can be these requests' (their last seq): a trace writes a stretch of
+    # the run, and the messages of a long run are millions of rows
+    seqs = pa.array(req["req_seq_end"].dropna().astype("int64").unique())
+    null_too = bool(req["req_seq_end"].isna().any())   # the join pairs null with null
+
+    def wanted(t: pa.Table) -> pa.Array:
+        seq = t["seq_end"].cast(pa.int64())
+        keep = pc.fill_null(pc.is_in(seq, value_set=seqs), False)
+        return pc.or_(keep, pc.is_null(seq)) if null_too else keep
+
+    parts = [t.filter(wanted(t)) for t in ctx.shards("messages", cols)]
+    m = (pa.concat_tables(parts, promote_options="permissive") if parts
+         else pa.table({c: pa.nulls(0) for c in cols})).to_pandas(types_mapper=nullable)
     m = m.astype({"host_id": str, "direction": str})
     for c in ("local_port", "remote_port", "seq_end"):
         m[c] = m[c].astype("Int64")
