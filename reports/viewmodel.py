@@ -47,10 +47,12 @@ def _q_us(v: np.ndarray, qs) -> list[float | None]:
     return [float(x) / 1e3 for x in np.percentile(v, qs)] if len(v) else [None] * len(qs)
 
 
-def _groups_of(keys: pd.Series, sort: bool = True) -> dict[Any, np.ndarray]:
+def _groups_of(keys: pd.Series | np.ndarray, sort: bool = True) -> dict[Any, np.ndarray]:
     """Positions of each key's rows (ascending), null keys left out: a groupby's groups
     without copying the table once per group."""
-    return pd.Series(keys.to_numpy()).groupby(keys.to_numpy(), sort=sort, dropna=True).indices
+    v = keys.to_numpy() if isinstance(keys, pd.Series) else np.asarray(keys)
+    # a placeholder Series: one of the text keys would be converted to pandas' str dtype first
+    return pd.Series(np.zeros(len(v), np.int8)).groupby(v, sort=sort, dropna=True).indices
 
 
 def _hosts_part(cols: Columns, col: str) -> dict[str, Any]:
@@ -113,7 +115,7 @@ def over_time(done: pd.DataFrame, start_ref: np.ndarray) -> dict[str, Any]:
     ops = done["op"].astype(str).to_numpy()
     e2e_all = done["e2e"].to_numpy(dtype=np.float64, na_value=np.nan)
     groups = {g: done[f"group_{g}"].to_numpy(dtype=np.float64, na_value=np.nan) for g in GROUP_ORDER}
-    for op, m in _groups_of(pd.Series(ops)).items():
+    for op, m in _groups_of(ops).items():
         count = np.bincount(b[m], minlength=TIME_BINS)
         rec: dict[str, Any] = {"count": count.tolist(), "groups_us": {}, "e2e_p50_us": [], "e2e_p99_us": []}
         for g, v in groups.items():
