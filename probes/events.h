@@ -117,7 +117,7 @@ enum sockcall_item_kind {
 	SOCKCALL_ITEM_RX_TIMES = 6,   /* struct ns_rx_times for the message ending at call_off (receives) */
 	SOCKCALL_ITEM_SCHED = 7,      /* struct ns_sched: the calling thread, at this receive's exit */
 	SOCKCALL_ITEM_WINDOW = 8,     /* struct ns_window: the socket, at this send's exit */
-	SOCKCALL_ITEM_HUNTED = 9,     /* struct sockcall_hunted: [call_off, +bytes) was searched for a frame chain
+	SOCKCALL_ITEM_HUNTED = 9,     /* struct sockcall_hunted: [call_off, +bytes) was searched for a frame chain, not copied,
 	                               * and holds none (garbage, or the tail of a message joined mid-way) */
 };
 

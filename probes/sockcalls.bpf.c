@@ -342,6 +342,11 @@ int sc_exit(void *ctx)
 	 * A range that disagrees with ret otherwise (two threads on one socket)
 	 * is not walked; the next call then sees a stream gap. */
 	u64 moved = (u32)(ev->seq_end - ev->seq_start);
+	/* A receive that reached the peer's FIN also consumed its sequence
+	 * number (tcp_recvmsg: copied_seq + 1): its bytes are still walked,
+	 * or a stream's last read (often its last messages) would be lost. */
+	if (!send && ret > 0 && moved == (u64)ret + 1)
+		moved = (u64)ret;
 	if (ret <= 0 || moved != (u64)ret) {
 		zw_emit(s, 0);
 		return 0;
@@ -360,31 +365,55 @@ int sc_exit(void *ctx)
 		zw_copy_raw(s, 0, (u64)ret < SOCKCALLS_PREFIX_BYTES ? (u64)ret : SOCKCALLS_PREFIX_BYTES,
 			    SOCKCALL_BYTES_PREFIX);
 	}
-	zw_write_stop(s);
+	zw_write_stop(s, 1);
 	zw_finish(s);
 	return 0;
 }
 
-/* An unsynced call without a hint: look for a sync point in its bytes, walk
- * from there (zmtp_walk.bpf.h, self-sync). */
+/* An unsynced call without a hint, or the rest of a call whose walk lost
+ * sync: look for a sync point in its bytes, a window per pass (tail calls
+ * of itself), then zw_hunt_end_prog (zmtp_walk.bpf.h, self-sync). */
 int zw_hunt_prog(void *ctx)
 {
 	struct zw_scratch *s = zw_scratch();
 	if (!s)
 		return 0;
-	if (zw_hunt(s) == ZW_GO) {
+	if (zw_hunt(s) == ZW_HUNT) {
+		sockcalls_progs.call(ctx, ZW_PROG_HUNT);
+		/* the kernel's tail call limit: the rest of the call stays unsearched */
+		s->w.h_found = s->w.total;
+	}
+	sockcalls_progs.call(ctx, ZW_PROG_HUNT_END);
+	/* no tail call left (or not installed): the call's record as it is */
+	zw_finish(s);
+	return 0;
+}
+
+/* The hunt's end: its raw bytes and HUNTED item, the walk from the sync
+ * point it found, or the end of the call. */
+int zw_hunt_end_prog(void *ctx)
+{
+	struct zw_scratch *s = zw_scratch();
+	if (!s)
+		return 0;
+	if (zw_hunt_end(s, s->w.h_found) == ZW_GO) {
 		sockcalls_progs.call(ctx, ZW_PROG_WALK);
 		zw_stop(s, SOCKCALL_STOP_NO_WALKER, 0);
-		zw_write_stop(s);
+		zw_write_stop(s, 1);
 	}
+#ifdef NETSTACK_LOADED
+	if (s->w.n_ends) /* message ends walked before the walk lost sync */
+		sockcalls_progs.call(ctx, ZW_PROG_ENDS);
+#endif
 	zw_finish(s);
 	return 0;
 }
 
 /* The walker: SOCKCALLS_WALK_STEPS steps, then itself again (tail call)
- * while bytes remain; then zw_ends for the netstack lookups of the message
- * ends it saw. Not attached: reached by tail calls only (probes/sockcalls.py
- * install_walker puts it in sockcalls_progs). */
+ * while bytes remain; on garbage, the hunt in the rest of the call; then
+ * zw_ends for the netstack lookups of the message ends it saw. Not attached:
+ * reached by tail calls only (probes/sockcalls.py install_walker puts it in
+ * sockcalls_progs). */
 int zw_walk(void *ctx)
 {
 	struct zw_scratch *s = zw_scratch();
@@ -400,7 +429,13 @@ int zw_walk(void *ctx)
 		/* the kernel's tail call limit: this call has too many frames */
 		zw_stop(s, SOCKCALL_STOP_BUDGET, 0);
 	}
-	zw_write_stop(s);
+	if (zw_lost_sync(s)) {
+		sockcalls_progs.call(ctx, ZW_PROG_HUNT);
+		/* no tail call left: the raw bytes after the WALK_END only */
+		zw_hunt_end(s, s->w.total);
+	} else {
+		zw_write_stop(s, 1);
+	}
 #ifdef NETSTACK_LOADED
 	if (s->w.n_ends)
 		sockcalls_progs.call(ctx, ZW_PROG_ENDS);

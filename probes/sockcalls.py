@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from agent.errors import UserError
 from probes.declare import Attach, KernelField, Probe, TracepointField
 from probes.events import (SOCKCALL_COUNTERS, SockcallEvent, SockcallItem, SockcallItemKind, SockcallKeys,
-                           SockcallMsgEnd, SockcallWalkMark, WalkStart, WalkStop)
+                           SockcallHunted, SockcallMsgEnd, SockcallWalkMark, WalkStart, WalkStop)
 
 # syscall -> (its argument fields in tracefs: fd, pointer, length/count)
 SYSCALL_ARGS = {
@@ -108,7 +108,7 @@ SOCKCALLS = Probe(
 
 # The walker's tail-called programs and their slots in sockcalls_progs (ZW_PROG_*),
 # in order of importance: following frames, finding sync, the netstack lookups.
-WALKER_PROGRAMS = {"zw_walk": 0, "zw_hunt_prog": 2, "zw_ends": 1}
+WALKER_PROGRAMS = {"zw_walk": 0, "zw_hunt_prog": 2, "zw_hunt_end_prog": 3, "zw_ends": 1}
 _PROG_ARRAY = b"sockcalls_progs"
 _HINT_MAP = b"sockcalls_sync_hint"
 
@@ -207,6 +207,14 @@ class Gap(int):
         return f"Gap({int(self)})"
 
 
+class Hunted(int):
+    """n bytes the walker searched for a chain of frames and rejected (HUNTED items):
+    seen and not understood, so the parser counts them unparsed, not lost."""
+
+    def __repr__(self) -> str:
+        return f"Hunted({int(self)})"
+
+
 @dataclass(frozen=True)
 class MessageEnd:
     call_off: int  # the message's last byte is at call offset call_off - 1
@@ -241,7 +249,9 @@ class WalkedCall:
     def walkable_bytes(self) -> int:
         """Bytes of the stream this call consumed or added (0 for a MSG_PEEK or a failure)."""
         ev = self.event
-        return ev.ret if ev.ret > 0 and ev.seq_bytes == ev.ret else 0
+        # a receive that reached the peer's FIN also moved its sequence number
+        fin = 0 if ev.call_kind.is_send else 1
+        return ev.ret if ev.ret > 0 and ev.seq_bytes in (ev.ret, ev.ret + fin) else 0
 
     def pieces(self) -> list[tuple[int, bytes, int]]:
         """Captured bytes: [(call offset, bytes, SOCKCALL_BYTES_* bits)], keys included (what 0)."""
@@ -303,16 +313,22 @@ class WalkedCall:
             out.append((start, total))
         return [(a, b) for a, b in out if b > a]
 
-    def stream_view(self, stream_offset: int) -> list[tuple[int, bytes | Skip | Gap]]:
+    def hunted_ranges(self) -> list[tuple[int, int]]:
+        """[start, end) call-offset ranges the walker searched for sync and rejected."""
+        return [(it.call_off, it.call_off + SockcallHunted.from_buffer_copy(body).bytes)
+                for it, body in self.items if it.kind == SockcallItemKind.HUNTED]
+
+    def stream_view(self, stream_offset: int) -> list[tuple[int, bytes | Skip | Gap | Hunted]]:
         """The call's bytes as the parser consumes them, from `stream_offset` (the
         stream offset of the call's first byte): [(offset, bytes)] for captured
-        bytes, [(offset, Skip(n))] inside walked frame bodies, [(offset, Gap(n))]
-        where the walker did not follow frames. Covers the call's bytes exactly,
-        in order."""
+        bytes, [(offset, Skip(n))] inside walked frame bodies, [(offset, Hunted(n))]
+        where the walker searched for sync and found none, [(offset, Gap(n))]
+        elsewhere. Covers the call's bytes exactly, in order."""
         total = self.walkable_bytes
         out: list = []
         at = 0
         walked = self.walked_ranges()
+        hunted = self.hunted_ranges()
 
         def uncaptured(a: int, b: int) -> None:
             # [a, b) holds no captured bytes: Skip where walked, Gap elsewhere
@@ -321,8 +337,11 @@ class WalkedCall:
                 if inside is not None:
                     end = min(b, inside[1])
                     out.append((stream_offset + a, Skip(end - a)))
+                elif (h := next(((s, e) for s, e in hunted if s <= a < e), None)) is not None:
+                    end = min(b, h[1])
+                    out.append((stream_offset + a, Hunted(end - a)))
                 else:
-                    nxt = min([s for s, _ in walked if s > a] + [b])
+                    nxt = min([s for s, _ in walked + hunted if s > a] + [b])
                     end = min(b, nxt)
                     out.append((stream_offset + a, Gap(end - a)))
                 a = end

@@ -31,7 +31,10 @@
  *    frames) writes a sync hint: "a frame header starts at sequence S, frame
  *    i of its message"; the walker starts there when a call's range reaches
  *    S (a hint the stream has passed is dropped and counted: stale).
- * An impossible header makes the connection unsynced again (counted).
+ * An impossible header makes the connection unsynced again (counted), and
+ * the rest of that call is hunted in at once (self-sync): a stream that
+ * carries garbage and then frames is followed again from the first chain
+ * of frames after the garbage, in the same call, whatever the read sizes.
  *
  * Cost and the verifier: the walk is a loop of small steps (one header, or
  * one stretch of a body) over a context kept in a per-CPU array (the BPF
@@ -39,11 +42,14 @@
  * not relocate function pointers), so the loop is a bounded one of
  * SOCKCALLS_WALK_STEPS steps per program, continued by tail calls of the
  * walker program to itself (the kernel allows 33 per event): a call with
- * more frames than that budget stops the walk (counted, WALK_END BUDGET).
- * Programs (sockcalls.bpf.c): sc_exit sets up the call (zw_begin) and
- * tail-calls zw_walk (synced) or zw_hunt_prog (unsynced, no hint); zw_walk
- * tail-calls itself while bytes remain, then zw_ends for the netstack lookups
- * of the message ends it saw (SOCKCALLS_ENDS_PER_PASS per pass).
+ * more frames than that budget stops the walk (counted: walk_budget; the
+ * connection is unsynced and the next call hunts). Programs
+ * (sockcalls.bpf.c): sc_exit sets up the call (zw_begin) and tail-calls
+ * zw_walk (synced) or zw_hunt_prog (unsynced, no hint); zw_hunt_prog
+ * searches a window per pass and tail-calls itself, then zw_walk from the
+ * sync point; zw_walk tail-calls itself while bytes remain, zw_hunt_prog
+ * when it meets garbage, then zw_ends for the netstack lookups of the
+ * message ends it saw (SOCKCALLS_ENDS_PER_PASS per pass).
  *
  * The verifier: it follows every path through each loop iteration, and
  * prunes a path only when its state matches one already seen. Values that
@@ -89,10 +95,12 @@ sc_add(int slot, u64 n);
 #define ZW_PROG_WALK 0
 #define ZW_PROG_ENDS 1
 #define ZW_PROG_HUNT 2
+#define ZW_PROG_HUNT_END 3
 
 /* self-sync of an unsynced call (zw_hunt_find) */
-#define ZW_HUNT_WINDOW 256   /* candidate meta headers are looked for in the call's first bytes */
-#define ZW_HUNT_CANDIDATES 4 /* of which this many are followed */
+#define ZW_HUNT_WINDOW 512   /* bytes searched for candidate meta headers per hunting pass (win[] holds them) */
+#define ZW_HUNT_PASSES 16    /* passes (tail calls) per call at most: ~8 KiB searched, the rest left unread */
+#define ZW_HUNT_CANDIDATES 4 /* candidates followed per window */
 #define ZW_HUNT_FRAMES 24    /* headers followed per candidate */
 #define ZW_HUNT_MESSAGES 2   /* messages a candidate's chain must complete inside the call */
 #define ZW_HUNT_CONFIRM 3    /* headers a chain across calls must predict and find before the walk starts */
@@ -100,6 +108,8 @@ sc_add(int slot, u64 n);
 #define ZW_CHAIN_BAD 0   /* met bytes that are no frame header (or could not tell) */
 #define ZW_CHAIN_DONE 1  /* completed the messages that prove it */
 #define ZW_CHAIN_AHEAD 2 /* plausible up to the call's end; its next header is at h_pos, frame h_idx */
+#define ZW_CHAIN_CUT 3   /* plausible up to a header split by the call's end */
+#define ZW_HUNT_TAIL 2   /* a call's last bytes, which start no candidate (3 bytes), go out raw */
 #define ZW_META_FIRST_BYTE 0x08 /* PBMeta's field 1 (head, varint): ps-lite always sets it */
 #define ZW_META_MIN 8
 #define ZW_DATA_FRAMES_MAX 8 /* as parsers/pslite MAX_DATA_FRAMES */
@@ -212,6 +222,13 @@ struct zw_walk {
 	volatile u64 h_pos;                     /* zw_chain: where the chain is */
 	volatile u64 h_limit, h_n;              /* zw_hunt_find: bytes searched, candidates' window */
 	volatile u32 h_idx, h_msgs;
+	/* the hunt of this call, window by window (zw_hunt) */
+	volatile u64 hunt_from;                 /* call offset where it began: 0, or where the walk lost sync */
+	volatile u64 h_at;                      /* the next window's call offset */
+	volatile u64 h_rej_end;                 /* bytes from hunt_from up to here were searched and rejected */
+	volatile u64 h_tail_at;                 /* a candidate cut by the call's end: its bytes go out raw */
+	volatile u32 h_passes;
+	volatile u64 h_found;                   /* the hunt's result: the sync point, or total */
 };
 
 struct zw_scratch {
@@ -225,7 +242,7 @@ struct zw_scratch {
 BPF_PERCPU_ARRAY(sockcalls_scratch, struct zw_scratch, 1);
 BPF_TABLE("lru_hash", struct zw_key, struct zw_state, sockcalls_walk, SOCKCALLS_WALK_CONNS_MAX);
 BPF_HASH(sockcalls_sync_hint, struct zw_key, struct zw_hint, SOCKCALLS_HINTS_MAX);
-BPF_PROG_ARRAY(sockcalls_progs, 3);
+BPF_PROG_ARRAY(sockcalls_progs, 4);
 
 static __always_inline void zw_count(int slot, u64 n)
 {
@@ -462,8 +479,9 @@ static __always_inline void zw_stop(struct zw_scratch *s, u8 reason, u16 detail)
 	w->stopped = 1;
 }
 
-/* The WALK_END of zw_stop, its raw bytes, its counter, the new phase. */
-static __always_inline void zw_write_stop(struct zw_scratch *s)
+/* The WALK_END of zw_stop, its raw bytes (unless a hunt follows: it copies
+ * them), its counter, the new phase. */
+static __always_inline void zw_write_stop(struct zw_scratch *s, int raw)
 {
 	struct zw_walk *w = &s->w;
 	u8 reason = w->stop_reason;
@@ -489,6 +507,10 @@ static __always_inline void zw_write_stop(struct zw_scratch *s)
 	case SOCKCALL_STOP_BAD_COMMAND:
 		zw_count(SOCKCALL_COUNTER_DESYNCS, 1);
 		break;
+	case SOCKCALL_STOP_BUDGET:
+		zw_count(SOCKCALL_COUNTER_WALK_BUDGET, 1);
+		zw_count(SOCKCALL_COUNTER_WALK_ABORTED, 1);
+		break;
 	case SOCKCALL_STOP_FAULT:
 		s->ev.flags |= SOCKCALL_F_PAYLOAD_FAULT;
 		/* fall through */
@@ -496,7 +518,7 @@ static __always_inline void zw_write_stop(struct zw_scratch *s)
 		zw_count(SOCKCALL_COUNTER_WALK_ABORTED, 1);
 		break;
 	}
-	if (phase != ZW_OPAQUE && w->pos < w->total) {
+	if (raw && phase != ZW_OPAQUE && w->pos < w->total) {
 		u64 n = w->total - w->pos;
 		zw_copy_raw(s, w->pos, n < SOCKCALLS_PREFIX_BYTES ? n : SOCKCALLS_PREFIX_BYTES, SOCKCALL_BYTES_RAW);
 	}
@@ -941,6 +963,9 @@ static __always_inline int zw_begin(struct zw_scratch *s, u64 sk, u8 call, u32 d
 	w->n_ends = 0;
 	w->ends_done = 0;
 	w->frames = w->messages = w->key_samples = w->truncated = 0;
+	w->hunt_from = w->h_at = w->h_rej_end = 0;
+	w->h_tail_at = total;
+	w->h_passes = 0;
 	w->total = total;
 	w->pos = 0;
 	w->walk_from = 0;
@@ -1007,7 +1032,10 @@ static __always_inline int zw_begin(struct zw_scratch *s, u64 sk, u8 call, u32 d
  * small messages, by the time user space has found sync the stream has moved
  * on and its hint is stale. Candidates: a short header of frame 0 (flags
  * 0x00 or 0x01, size >= 8) whose body starts with PBMeta's first tag (0x08),
- * in the call's first ZW_HUNT_WINDOW bytes. One is taken when the chain of
+ * searched for window by window (ZW_HUNT_WINDOW bytes a pass, at most
+ * ZW_HUNT_PASSES passes a call) from the call's start, or from where the
+ * walk met garbage; the bytes searched before the sync point are reported
+ * (HUNTED item, past the raw prefix: user space counts them unparsed). One is taken when the chain of
  * frames from it (flags without reserved or COMMAND bits, at most 8 data
  * frames, every frame 0 a candidate again) completes ZW_HUNT_MESSAGES
  * messages inside the call, or completes one exactly at the call's end (a
@@ -1037,7 +1065,7 @@ static __always_inline int zw_chain(struct zw_walk *w, u64 base, u64 p, u32 idx0
 			 * searched holds the whole call: else it may be in this one) */
 			return limit == w->total ? ZW_CHAIN_AHEAD : ZW_CHAIN_BAD;
 		if (pos + 3 > limit)
-			return ZW_CHAIN_BAD; /* split by the call's end: cannot tell */
+			return limit == w->total ? ZW_CHAIN_CUT : ZW_CHAIN_BAD; /* cannot tell */
 		u8 h[16] = {};
 		u64 r = limit - pos;
 		if (r > 10)
@@ -1088,21 +1116,32 @@ static __always_inline void zw_pend(struct zw_walk *w, u8 score)
 	w->st.cand_score = score;
 }
 
-/* The call offset where an unsynced call can be walked from, or w->total.
- * Bounds go through the (volatile) walk context: a loop that breaks on a
- * comparison with a register narrows that register differently at every
- * exit, and the verifier would follow each exit separately. */
+/* One window of the hunt, [h_at, h_at + ZW_HUNT_WINDOW) of the call's first
+ * iovec: the call offset where the call can be walked from, or w->total.
+ * Moves h_at to the next window (h_limit: nothing left to search) and
+ * h_rej_end past what it searched and rejected. Bounds go through the
+ * (volatile) walk context: a loop that breaks on a comparison with a
+ * register narrows that register differently at every exit, and the
+ * verifier would follow each exit separately. */
 static __always_inline u64 zw_hunt_find(struct zw_scratch *s)
 {
 	struct zw_walk *w = &s->w;
+	w->h_limit = 0;
 	if (w->niov == 0)
 		return w->total;
 	u64 limit = w->iov[0].len < w->total ? w->iov[0].len : w->total;
-	u64 n = limit < ZW_HUNT_WINDOW ? limit : ZW_HUNT_WINDOW;
-	asm volatile("" : "+r"(n));
-	if (n < 3 || n > ZW_HUNT_WINDOW || bpf_probe_read_user(w->win, n, (void *)w->iov[0].base))
-		return w->total;
 	w->h_limit = limit;
+	u64 from = w->h_at;
+	if (from >= limit)
+		return w->total;
+	u64 n = limit - from < ZW_HUNT_WINDOW ? limit - from : ZW_HUNT_WINDOW;
+	/* the window's last two bytes start no candidate (3 bytes each): the next window starts there */
+	w->h_at = from + n < limit ? from + n - 2 : limit;
+	asm volatile("" : "+r"(n));
+	if (n < 3 || n > ZW_HUNT_WINDOW || bpf_probe_read_user(w->win, n, (void *)(w->iov[0].base + from))) {
+		w->h_at = limit;
+		return w->total;
+	}
 	w->h_n = n;
 	u8 *b = (u8 *)w->win;
 	w->n_cand = 0;
@@ -1112,22 +1151,24 @@ static __always_inline u64 zw_hunt_find(struct zw_scratch *s)
 		if (b[j] <= ZW_FLAG_MORE && b[j + 1] >= ZW_META_MIN && b[j + 2] == ZW_META_FIRST_BYTE) {
 			u32 c = w->n_cand;
 			if (c < ZW_HUNT_CANDIDATES) {
-				w->cand[c & (ZW_HUNT_CANDIDATES - 1)] = j;
+				w->cand[c & (ZW_HUNT_CANDIDATES - 1)] = from + j;
 				w->n_cand = c + 1;
 			}
 		}
 	}
-	/* A candidate pending from earlier calls: is its predicted header here? */
+	/* A candidate pending from earlier calls: is its predicted header here?
+	 * (once per call, from its first byte: a desync inside the call cleared it) */
 	u8 score = w->st.cand_score;
 	if (score) {
 		s32 d = (s32)(w->st.cand_seq - w->seq_start);
 		if (d < 0) {
 			w->st.cand_score = 0; /* calls in between were not seen */
 		} else if ((u64)d >= w->total) {
-			return w->total; /* a long frame: still ahead */
+			w->h_at = limit; /* a long frame: still ahead; its body is no garbage */
+			return w->total;
 		} else {
 			int r = zw_chain(w, w->iov[0].base, (u64)d, w->st.cand_idx);
-			if (r == ZW_CHAIN_BAD) {
+			if (r == ZW_CHAIN_BAD || r == ZW_CHAIN_CUT) {
 				w->st.cand_score = 0;
 			} else if (r == ZW_CHAIN_DONE || score + 1 >= ZW_HUNT_CONFIRM) {
 				w->st.frame_idx = w->st.cand_idx;
@@ -1135,6 +1176,7 @@ static __always_inline u64 zw_hunt_find(struct zw_scratch *s)
 				return (u64)d;
 			} else {
 				zw_pend(w, score + 1);
+				w->h_at = limit;
 				return w->total;
 			}
 		}
@@ -1149,24 +1191,107 @@ static __always_inline u64 zw_hunt_find(struct zw_scratch *s)
 			w->st.cand_score = 0;
 			return p;
 		}
-		if (r == ZW_CHAIN_AHEAD && !w->st.cand_score)
+		if (r == ZW_CHAIN_AHEAD && !w->st.cand_score) {
+			/* plausible up to the call's end: a message, not garbage, from p on */
 			zw_pend(w, 1);
+			w->h_rej_end = p;
+			w->h_tail_at = p;
+			w->h_at = limit;
+			return w->total;
+		}
+		if (r == ZW_CHAIN_CUT && p < w->h_tail_at)
+			w->h_tail_at = p; /* may be a message whose rest the next call holds */
 	}
+	w->h_rej_end = w->h_at;
 	return w->total;
 }
 
-/* The unsynced call without a hint: look for a sync point; raw prefix up to
- * it; walk from it. Returns ZW_GO or ZW_DONE. */
-static __always_inline int zw_hunt(struct zw_scratch *s)
+/* The hunt is over: the raw bytes where it began (for user space), what it
+ * searched and rejected beyond them (a HUNTED item: user space counts it
+ * unparsed, not unread), and the walk from the sync point `at` if there is
+ * one. Returns ZW_GO or ZW_DONE. */
+static __always_inline int zw_hunt_end(struct zw_scratch *s, u64 at)
 {
 	struct zw_walk *w = &s->w;
-	u64 at = zw_hunt_find(s);
-	zw_copy_raw(s, 0, at < SOCKCALLS_PREFIX_BYTES ? at : SOCKCALLS_PREFIX_BYTES, SOCKCALL_BYTES_PREFIX);
-	if (at >= w->total)
+	u64 from = w->hunt_from;
+	u64 total = w->total;
+	u64 end = at < total ? at : total;
+	u64 rej = at < total ? at : w->h_rej_end;
+	u64 pre = end - from < SOCKCALLS_PREFIX_BYTES ? end - from : SOCKCALLS_PREFIX_BYTES;
+	if (end > from)
+		zw_copy_raw(s, from, pre, from ? SOCKCALL_BYTES_RAW : SOCKCALL_BYTES_PREFIX);
+	if (at >= total && rej > from) {
+		/* No sync, something rejected: the call's end may hold the start of
+		 * a message the next call completes (a candidate pending or cut by
+		 * the call's end, or a header in its last bytes). Those bytes go out
+		 * raw, not as hunted: user space joins them to the next call's
+		 * prefix and parses that message. */
+		u64 t = w->h_tail_at;
+		if (total > ZW_HUNT_TAIL && t > total - ZW_HUNT_TAIL)
+			t = total - ZW_HUNT_TAIL;
+		if (t < from + pre)
+			t = from + pre;
+		u64 n = total - t < SOCKCALLS_PREFIX_BYTES ? total - t : SOCKCALLS_PREFIX_BYTES;
+		/* only the first iovec is hunted in (one read, no loop over iovecs here: the verifier) */
+		if (t < total && t + n <= w->h_limit)
+			zw_copy_user(s, t, w->iov[0].base + t, n, SOCKCALL_BYTES_RAW);
+		if (rej > t)
+			rej = t;
+	}
+	/* the raw prefix is not part of it: user space judges those bytes itself */
+	from += pre;
+	if (rej > from && rej <= total) {
+		struct sockcall_hunted *h =
+			(struct sockcall_hunted *)zw_item(s, SOCKCALL_ITEM_HUNTED, 0, sizeof(struct sockcall_hunted), from);
+		h->bytes = (u32)(rej - from);
+		h->_pad = 0;
+		zw_count(SOCKCALL_COUNTER_HUNTED_BYTES, rej - from);
+	}
+	if (at >= total)
 		return ZW_DONE;
 	zw_start_at(s, at, SOCKCALL_WALK_SELF);
 	zw_count(SOCKCALL_COUNTER_SELF_SYNCS, 1);
 	return ZW_GO;
+}
+
+/* One pass of the hunt of an unsynced call (or of the rest of a call whose
+ * walk lost sync): ZW_HUNT (search the next window: tail-call the hunt
+ * again) or ZW_DONE (h_found says where it ended: zw_hunt_end, in a program
+ * of its own, for the verifier's budget). */
+static __always_inline int zw_hunt(struct zw_scratch *s)
+{
+	struct zw_walk *w = &s->w;
+	u64 at = zw_hunt_find(s);
+	w->h_found = at;
+	if (at >= w->total && w->h_at < w->h_limit && w->h_passes + 1 < ZW_HUNT_PASSES) {
+		w->h_passes += 1;
+		return ZW_HUNT;
+	}
+	return ZW_DONE;
+}
+
+/* The walk stopped at a header that cannot be one (garbage) with bytes of
+ * the call left: the rest of the call is hunted in, so a stream that
+ * carries garbage and then frames again is followed from the first chain
+ * of frames after it, not from the next call on. Returns 1 when a hunt is
+ * set up (the caller tail-calls it). */
+static __always_inline int zw_lost_sync(struct zw_scratch *s)
+{
+	struct zw_walk *w = &s->w;
+	u8 r = w->stop_reason;
+	if (r != SOCKCALL_STOP_BAD_FLAGS && r != SOCKCALL_STOP_BAD_SIZE && r != SOCKCALL_STOP_BAD_COMMAND)
+		return 0;
+	if (w->pos >= w->total)
+		return 0;
+	zw_write_stop(s, 0);
+	w->stopped = 0;
+	w->stop_reason = 0;
+	zw_count(SOCKCALL_COUNTER_WALK_BYTES, w->pos - w->walk_from);
+	w->walk_from = w->pos;
+	w->hunt_from = w->h_at = w->h_rej_end = w->pos;
+	w->h_tail_at = w->total;
+	w->h_passes = 0;
+	return 1;
 }
 
 /* Netstack lookups (rings.bpf.h) for the next SOCKCALLS_ENDS_PER_PASS

@@ -35,7 +35,7 @@ from .keysample import KEY_BYTES, KeySampler, bottom_k
 from .message import KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes, infer_op, read_meta
 from .meta import node_id_of_identity
 from .resync import ResyncMixin
-from .states import (_COMMAND, _DATA, _GAP, _GREETING, _HEADER, _HUNT, _KEYS,
+from .states import (_COMMAND, _DATA, _DISCARD, _GAP, _GREETING, _HEADER, _HUNT, _KEYS,
                      _KEYS_SMALL, _META, _OPAQUE, _SKIP)
 from .zmtp import (CLEAR_MECHANISMS, FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_RESERVED,
                    GREETING_BYTES, Greeting, greeting_prefix_ok, parse_command, parse_greeting)
@@ -151,6 +151,17 @@ class PsliteStreamParser(ResyncMixin):
         if n_bytes > 0:
             self._gaps += n_bytes
             self._run([(_GAP, n_bytes)])
+        return out
+
+    def unparsed(self, n_bytes: int) -> list[PsMessage]:
+        """`n_bytes` of the stream were examined elsewhere and hold no message (the
+        kernel's walker searched them for a chain of frames and found none): not fed
+        here, counted unparsed rather than lost, and a break in the stream as a gap
+        is. Returns messages this completes (none: a tentative chain is rolled back)."""
+        out = self._out = []
+        if n_bytes > 0:
+            self._gaps += n_bytes   # not fed: fed + gap bytes still add up (ParserStats)
+            self._run([(_DISCARD, (n_bytes, 0))])
         return out
 
     def close(self) -> list[PsMessage]:
