@@ -89,7 +89,9 @@ SOCKCALLS = Probe(
         "SOCKCALLS_CONNS_MAX": (16384, 64, 1 << 22),  # connections whose facts are cached (~136 B each)
         "SOCKCALLS_IOV_WALK_MAX": (8, 1, 32),  # iovecs of a call the walker reads
         # the ZMTP walker (zmtp_walk.bpf.h)
-        "SOCKCALLS_WALK_STEPS": (32, 1, 64),  # steps per walker pass (33 passes per call at most); the verifier refuses ~96
+        # steps per walker pass (33 passes per call at most: ~1300 frames of small messages at
+        # 64, ~650 at 32; beyond, counted walk_budget); the verifier refuses ~96
+        "SOCKCALLS_WALK_STEPS": (64, 1, 64),
         "SOCKCALLS_META_COPY_MAX": (512, 0, 2048),  # bytes of a meta frame (frame 0) copied out
         "SOCKCALLS_COMMAND_COPY_MAX": (256, 0, 2048),  # bytes of a command frame copied out
         "SOCKCALLS_KEY_SAMPLE_MAX": (16, 0, 64),  # keys copied out per message
