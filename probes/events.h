@@ -107,7 +107,8 @@ struct sockcall_event {
  * `len` bytes (not padded). `call_off` counts bytes from the call's first
  * byte (TCP sequence seq_start). Within a walked range (WALK_START up to
  * WALK_END or the end of the call) every byte not carried by a BYTES item is
- * inside a frame body; outside it, bytes not carried are unknown. */
+ * inside a frame body; outside it, bytes not carried are unknown, or, inside
+ * a HUNTED item's range, searched for a frame chain and rejected. */
 enum sockcall_item_kind {
 	SOCKCALL_ITEM_BYTES = 1,      /* the stream's bytes at call_off (what: SOCKCALL_BYTES_*) */
 	SOCKCALL_ITEM_WALK_START = 2, /* struct sockcall_walk_mark: frames are followed from call_off on */

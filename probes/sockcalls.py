@@ -5,7 +5,7 @@ declaration, and the user-space side of its ZMTP walker.
     install_walker(prog)                  # the walker's tail-called programs
     calls = CallAssembler()
     prog.on_events(lambda _p, ev: (c := calls.add(ev)) and handle(c))
-    view = call.stream_view(offsets.offset_of(call.event))   # [(stream offset, bytes | Skip | Gap)]
+    view = call.stream_view(offsets.offset_of(call.event))   # [(stream offset, bytes | Skip | Hunted | Gap)]
     msgs = feed_parser(parser, view)
     set_sync_hint(prog, sk, Direction.RX, seq, frame_index)   # from the parser, for a joined stream
 
@@ -14,7 +14,8 @@ headers, meta and command frames, greeting, or a raw prefix where it does not
 follow frames), sampled keys, where messages ended, and where it started and
 stopped following frames. `WalkedCall.stream_view` turns them into the byte
 stream the ps-lite parser consumes: captured bytes, `Skip(n)` (n bytes known to
-be inside frame bodies, not captured) and `Gap(n)` (n bytes not followed).
+be inside frame bodies, not captured), `Hunted(n)` (n bytes searched for sync
+and rejected: unparsed) and `Gap(n)` (n bytes not followed).
 """
 from __future__ import annotations
 
@@ -405,14 +406,18 @@ def feed_parser(parser, view) -> list:
     """Feed a stream view to a parsers.pslite PsliteStreamParser; returns the
     messages it completed. Skip goes to parser.skip() when the parser has one,
     else to gap() (inside a frame body the parser walks anyway, a gap loses
-    nothing; inside a keys frame it marks the sample incomplete)."""
+    nothing; inside a keys frame it marks the sample incomplete); Hunted to
+    parser.unparsed() (bytes seen and rejected are unparsed, not lost)."""
     skip = getattr(parser, "skip", parser.gap)
+    unparsed = getattr(parser, "unparsed", parser.gap)
     msgs = []
     for _off, x in view:
         if isinstance(x, bytes):
             msgs += parser.feed(x)
         elif isinstance(x, Skip):
             msgs += skip(int(x))
+        elif isinstance(x, Hunted):
+            msgs += unparsed(int(x))
         else:
             msgs += parser.gap(int(x))
     return msgs
