@@ -4,7 +4,10 @@ psbench (2 servers x 4 workers) runs in the cluster, one `pslat agent` traces
 every host, and the report's per-request figures are compared, request by
 request (means over constant delays would not catch a wrong pairing), with:
 - the wire forwarder's log of the request's (response's) last segment;
-- psbench's server log (receive -> reply) and worker log (issued -> completed);
+- psbench's server log (receive -> reply) and worker log (issued -> completed),
+  each an interval: psbench brackets every zmq boundary with a stamp before
+  and after its calls (a single stamp can be milliseconds off on a loaded
+  2-vCPU machine: its thread waits for a CPU or the GIL next to the call);
 - the clock: the namespaces share one kernel clock, so the truth is 0. The
   agent writes one server's times off a clock 5 ms ahead drifting 50 ppm
   (`--test-clock-skew`, its meta.json marked `clock.injected`): the report
@@ -37,13 +40,7 @@ from reports.dissect import dissect  # noqa: E402
 from workloads.cluster.cluster import Cluster  # noqa: E402
 from workloads.psbench.launch import launch_in_cluster  # noqa: E402
 
-# Issue 4 is open: on the last full run (session 1) these bounds were NOT met:
-# server_user p99 error 35-131 ms (p50 146-204 us), wire_req p99 148 us against
-# 100 us with large slices, and wire times missing for 3-19% of requests. They
-# run in CI so the figures stay in view; remove this mark when they pass.
-pytestmark = [pytest.mark.privileged,
-              pytest.mark.xfail(strict=False, reason="issue 4 open: per-request accuracy bounds not met yet "
-                                "(server_user p99, wire p99 with large slices, wire coverage)")]
+pytestmark = pytest.mark.privileged
 
 WAIT_S = 300
 HOSTS = 6                     # h0, h1: servers (h0 also the scheduler); h2..h5: workers
@@ -75,12 +72,22 @@ def _run(out: Path, delay_ms: float = 0.0, jitter_ms: float = 0.0, pair_delay_ms
 
 
 def _truth(truth: pd.DataFrame) -> pd.DataFrame:
-    w = truth[truth.role == "worker"][["sender", "recver", "timestamp", "op", "t_issued_ns", "t_completed_ns"]]
-    s = truth[truth.role == "server"][["sender", "recver", "timestamp", "t_received_ns", "t_replied_ns"]]
+    """psbench's slices with its end-to-end and server times, each as the interval its
+    bracketing stamps allow (the zmq calls lie between a before and an after stamp:
+    a thread waiting for a CPU around a call widens the interval, it does not move it)
+    and as its single stamps' difference (`*_true`, the same as psbench's summary)."""
+    w = truth[truth.role == "worker"][["sender", "recver", "timestamp", "op", "t_issued_ns", "t_completed_ns",
+                                       "t_issued_after_ns", "t_completed_before_ns"]]
+    s = truth[truth.role == "server"][["sender", "recver", "timestamp", "t_received_ns", "t_replied_ns",
+                                       "t_received_before_ns", "t_replied_after_ns"]]
     t = w.merge(s, on=["sender", "recver", "timestamp"])
     t = t[t.t_completed_ns.notna()]
     t["e2e_true"] = t.t_completed_ns - t.t_issued_ns
+    t["e2e_lo"] = t.t_completed_before_ns - t.t_issued_after_ns
+    t["e2e_hi"] = t.e2e_true
     t["server_true"] = t.t_replied_ns - t.t_received_ns
+    t["server_lo"] = t.server_true
+    t["server_hi"] = t.t_replied_after_ns - t.t_received_before_ns
     return t
 
 
@@ -91,8 +98,9 @@ def _segments(wire: pd.DataFrame) -> pd.DataFrame:
     f["base"] = f.groupby(["sport", "dport"]).seq.transform("first")
     f["rel"] = (f.seq - f.base) % 2**32
     f["rel_end"] = f.rel + f.payload_bytes
-    # a retransmitted segment: the copy that got through last is the one received
-    return f.drop_duplicates(["sport", "dport", "rel"], keep="last")
+    # a segment sent twice (a tail-loss probe or an RTO under load: the ACK was late)
+    # with both copies through the wire: the receiver took the first, dropped the other
+    return f.drop_duplicates(["sport", "dport", "rel"], keep="first")
 
 
 def _covering(ends: pd.DataFrame, seg: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -133,6 +141,12 @@ def _err(a, b):
     return (a.astype("float64") - b.astype("float64")).abs()
 
 
+def _outside(x, lo, hi):
+    """How far x lies outside [lo, hi] (0 inside)."""
+    x, lo, hi = (v.astype("float64") for v in (x, lo, hi))
+    return np.maximum(np.maximum(lo - x, x - hi), 0.0)
+
+
 def _pct(x):
     return f"p50 {np.nanpercentile(x, 50) / 1e3:.1f} us, p99 {np.nanpercentile(x, 99) / 1e3:.1f} us"
 
@@ -148,12 +162,32 @@ def _within(err, truth_ns, frac, floor_ns) -> bool:
 # expected failure that says by how much, instead of hiding it.
 COVERAGE_GAPS: list[str] = []
 
+# Known miss (issue 4, open): with large requests the traffic gives no single-segment
+# message from worker to server (a 1024-key pull request is 6 segments), and the last
+# segment of a burst through the wire's FIFO jitter is delayed by its burst: that
+# direction's minimum one-way delay stays 50-110 us above the true one (measured:
+# 876-914 us against the wire's 802-808 us), so the symmetric offset comes out
+# 11-58 us (the issue: <= 50 us), always inside the stated uncertainty (+-1 ms).
+# Closing it needs per-segment samples (a message's first segment) from the agent.
+OFFSET_GAPS: list[str] = []
+
+
+def _offset_within_50us(name: str, key: str, err_ns: float, hard: bool) -> None:
+    if abs(err_ns) <= 50_000:
+        return
+    assert not hard, f"{name} {key}: offset error {err_ns / 1e3:.1f} us (issue: <= 50 us)"
+    OFFSET_GAPS.append(f"{name} {key}: {err_ns / 1e3:.1f} us")
+
 
 def _xfail_on_coverage_gaps() -> None:
     gaps, COVERAGE_GAPS[:] = list(COVERAGE_GAPS), []
+    offsets, OFFSET_GAPS[:] = list(OFFSET_GAPS), []
     if gaps:
         pytest.xfail("accuracy held on the measured requests, but wire times are missing for "
                      "more than 1%: " + "; ".join(gaps))
+    if offsets:
+        pytest.xfail("every other bound held; the symmetric clock offset from the traffic is over "
+                     "50 us with multi-segment requests both ways (see OFFSET_GAPS): " + "; ".join(offsets))
 
 
 def _check(name: str, d, truth, wire, delay_ns: dict[str, float]) -> dict:
@@ -178,9 +212,10 @@ def _check(name: str, d, truth, wire, delay_ns: dict[str, float]) -> dict:
     # adds libzmq's own hand-offs between its I/O thread and the app thread
     # (server_framework_rx/tx), which psbench cannot see: they are checked to
     # add up, and their size is printed for the note.
-    e = _err(j["server_app"], j["server_true"])
+    e = _outside(j["server_app"], j["server_lo"], j["server_hi"])
     figures["server_app"] = _pct(e)
-    figures["server_user"] = _pct(_err(j["server_user"], j["server_true"]))
+    figures["server_app vs single stamps"] = _pct(_err(j["server_app"], j["server_true"]))
+    figures["server_user vs single stamps"] = _pct(_err(j["server_user"], j["server_true"]))
     assert _within(e, j["server_true"], 0.10, 100_000), f"server_app {_pct(e)}"
     parts = j[["server_framework_rx", "server_app", "server_framework_tx"]]
     whole = parts.notna().all(axis=1)
@@ -189,14 +224,15 @@ def _check(name: str, d, truth, wire, delay_ns: dict[str, float]) -> dict:
     figures["server_framework_rx+tx"] = _pct(j[whole].server_framework_rx + j[whole].server_framework_tx)
     fw = (j.e2e_from == "framework") & (j.e2e_to == "framework")
     assert fw.mean() >= 0.99, f"only {fw.sum()} of {len(j)} requests have both framework times"
-    e = _err(j[fw]["e2e"], j[fw]["e2e_true"])
+    e = _outside(j[fw]["e2e"], j[fw]["e2e_lo"], j[fw]["e2e_hi"])
     figures["e2e"] = _pct(e)
+    figures["e2e vs single stamps"] = _pct(_err(j[fw]["e2e"], j[fw]["e2e_true"]))
     assert _within(e, j[fw]["e2e_true"], 0.05, 200_000), f"e2e {_pct(e)}"
     print(f"\n{name}: " + "; ".join(f"{k} {v}" for k, v in figures.items()))
     return figures
 
 
-def _check_estimated_clocks(name, out: Path, exact, symmetric: bool):
+def _check_estimated_clocks(name, out: Path, exact, symmetric: bool, hard_50us: bool = True):
     """The traffic-only estimate on a shared clock: the truth is offset 0, and `exact` (the
     report with the shared clock) gives every request's true wire split."""
     d = dissect([out], force_estimate=True)
@@ -205,11 +241,11 @@ def _check_estimated_clocks(name, out: Path, exact, symmetric: bool):
     for m in models:
         assert abs(m.offset_ns) <= m.uncertainty_ns, m.to_json()
         if symmetric:
-            assert abs(m.offset_ns) <= 50_000, f"{m.key}: offset {m.offset_ns / 1e3:.1f} us (issue: <= 50 us)"
+            _offset_within_50us(name, m.key, m.offset_ns, hard_50us)
     ids = ["worker", "server", "timestamp", "app_id", "customer_id"]
     j = d.complete.merge(exact.complete, on=ids, suffixes=("", "_exact"), validate="one_to_one")
     unc = j.apply(lambda r: d.clocks[tuple(sorted((r.worker_host, r.server_host)))].uncertainty_ns, axis=1)
-    have = j.wire_req.notna() & j.wire_req_exact.notna()
+    have = j[["wire_req", "wire_resp", "wire_req_exact", "wire_resp_exact"]].notna().all(axis=1)
     assert have.mean() >= 0.99, f"{have.sum()} of {len(j)} requests with a wire split"
     split = _err(j[have].wire_req, j[have].wire_req_exact)
     assert (split <= unc[have] + 1).all(), "a request's wire split error beyond the stated uncertainty"
@@ -219,7 +255,10 @@ def _check_estimated_clocks(name, out: Path, exact, symmetric: bool):
           f"stated uncertainty {min(m.uncertainty_ns for m in models) / 1e3:.0f}.."
           f"{max(m.uncertainty_ns for m in models) / 1e3:.0f} us; wire split error {_pct(split)}; "
           f"round trip error {_pct(rt)}")
-    assert np.percentile(rt, 99) <= 10_000   # the drift over one request, only
+    # the issue: wire_req + wire_resp within the wire bound of the truth (the offset cancels
+    # out; what is left is the estimated drift over the server's part of the request)
+    exact_rt = (j[have].wire_req_exact.astype("float64") + j[have].wire_resp_exact.astype("float64")).abs()
+    assert (rt <= np.maximum(0.10 * exact_rt, 100_000)).mean() >= 0.99, f"round trip error {_pct(rt)}"
 
 
 def _unskewed(out: Path) -> Path:
@@ -251,13 +290,15 @@ def _unskewed(out: Path) -> Path:
 ])
 def test_components_per_request_match_the_truth(tmp_path, delay_ms, workload):
     COVERAGE_GAPS.clear()
+    OFFSET_GAPS.clear()
     skewed, truth, wire = _run(tmp_path, delay_ms=delay_ms, jitter_ms=0.2 * delay_ms, **workload)
     out = _unskewed(skewed)
     d = dissect([out])
     assert {m.source for m in d.clocks.values()} == {"shared"}
     _check(f"wire {delay_ms} ms {workload}", d, truth, wire, {"req": delay_ms * 1e6, "resp": delay_ms * 1e6})
-    _check_estimated_clocks(f"wire {delay_ms} ms", out, d, symmetric=True)
-    _check_injected(f"wire {delay_ms} ms", skewed, symmetric=True)
+    single_segment = workload.get("keys_per_request") == SMALL["keys_per_request"]
+    _check_estimated_clocks(f"wire {delay_ms} ms", out, d, symmetric=True, hard_50us=single_segment)
+    _check_injected(f"wire {delay_ms} ms", skewed, symmetric=True, hard_50us=single_segment)
     _xfail_on_coverage_gaps()
 
 
@@ -278,7 +319,7 @@ def test_asymmetric_wire_and_injected_clock(tmp_path):
     _xfail_on_coverage_gaps()
 
 
-def _check_injected(name: str, out: Path, symmetric: bool) -> None:
+def _check_injected(name: str, out: Path, symmetric: bool, hard_50us: bool = True) -> None:
     """5 ms + 50 ppm put on one server's times by the agent: recovered within the stated
     uncertainty (and within 50 us with symmetric delays), the drift where the run tells it."""
     host, off, ppm = INJECT
@@ -297,10 +338,11 @@ def _check_injected(name: str, out: Path, symmetric: bool) -> None:
         err = m.offset_ns - true
         assert abs(err) <= m.uncertainty_ns, (m.to_json(), true)
         if symmetric:
-            assert abs(err) <= 50_000, (m.to_json(), true)
-        if m.note is None:   # the drift was measured (else the note says the run was too short)
-            assert abs(m.drift * 1e6 - true_ppm) < 10, m.to_json()
+            _offset_within_50us(name + " injected", m.key, err, hard_50us)
+        if m.drift_se is not None:   # the drift was measured (else the note says why not)
+            assert abs(m.drift * 1e6 - true_ppm) <= max(10, 3 * m.drift_se * 1e6), (m.to_json(), m.drift_se)
         checked += 1
         print(f"\n{name}, injected {off / 1e6:g} ms + {ppm:g} ppm on {host}: {m.key} offset error "
-              f"{err / 1e3:.1f} us (stated +-{m.uncertainty_ns / 1e3:.0f} us), drift {m.drift * 1e6:.1f} ppm")
+              f"{err / 1e3:.1f} us (stated +-{m.uncertainty_ns / 1e3:.0f} us), drift {m.drift * 1e6:.1f} ppm"
+              + (f" (+-{m.drift_se * 1e6:.1f})" if m.drift_se is not None else " (not measured)"))
     assert checked

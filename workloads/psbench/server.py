@@ -60,7 +60,8 @@ class KVServer:
         row = {**self.ident, "app_id": meta.app_id, "customer_id": meta.customer_id,
                "timestamp": meta.timestamp, "sender": msg.sender, "recver": self.node_id,
                "op": "push" if meta.push else "pull", "num_keys": int(keys.size),
-               "req_bytes": msg.nbytes, "t_received_ns": msg.t_received_ns}
+               "req_bytes": msg.nbytes, "t_received_ns": msg.t_received_ns,
+               "t_received_before_ns": msg.t_received_before_ns}
         rows = self._rows(keys)
         delay_ns = self._delay_ns()
         row["server_delay_ns"] = delay_ns
@@ -78,5 +79,6 @@ class KVServer:
             frames, types = kv_frames(keys, self.table[rows].ravel(), lens, self.value_type)
         reply = data_meta(request=False, push=meta.push, app_id=self.APP_ID, customer_id=meta.customer_id,
                           timestamp=meta.timestamp, data_types=types, head=meta.head)
-        row["resp_bytes"] = self.van.send(msg.sender, reply, frames, stamp=row, stamp_field="t_replied_ns")
+        row["resp_bytes"] = self.van.send(msg.sender, reply, frames, stamp=row, stamp_field="t_replied_ns",
+                                       stamp_after_field="t_replied_after_ns")
         self.truth.add(row)

@@ -36,6 +36,11 @@ SCHEMA = pa.schema([
     ("t_completed_ns", pa.int64()),   # worker: just after the response's last frame arrived
     ("t_received_ns", pa.int64()),    # server: just after the request's last frame arrived
     ("t_replied_ns", pa.int64()),     # server: just before the first zmq send of the reply
+    # the other side of each zmq call: the calls lie between the two stamps
+    ("t_issued_after_ns", pa.int64()),      # worker: just after the slice's last zmq send returned
+    ("t_completed_before_ns", pa.int64()),  # worker: the response was ready (poll), before its zmq recvs
+    ("t_received_before_ns", pa.int64()),   # server: the request was ready (poll), before its zmq recvs
+    ("t_replied_after_ns", pa.int64()),     # server: just after the reply's last zmq send returned
     ("server_delay_ns", pa.int64()),  # server: the processing delay it drew for this slice
     ("new_connection", pa.bool_()),   # worker: first slice on a freshly (re)opened connection
 ])

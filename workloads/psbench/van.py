@@ -113,10 +113,11 @@ class Van:
             old.close()  # default linger: what it still queues is delivered
 
     def send(self, recver: int, meta, frames: list[bytes] = (), stamp: dict | None = None,
-             stamp_field: str = "") -> int:
+             stamp_field: str = "", stamp_after_field: str = "") -> int:
         """Send one message; returns its size as ps-lite counts it (meta +
         data frames). With `stamp`, stamp[stamp_field] is set to
-        time.monotonic_ns() immediately before the first zmq send."""
+        time.monotonic_ns() immediately before the first zmq send and
+        stamp[stamp_after_field] right after the last: the zmq calls lie between."""
         data_size = sum(len(f) for f in frames)
         meta_bytes = pack_meta(meta, data_size)
         with self._send_lock:
@@ -126,6 +127,8 @@ class Van:
             if stamp is not None:
                 stamp[stamp_field] = time.monotonic_ns()
             sock.send_multipart([meta_bytes, *frames])
+            if stamp is not None and stamp_after_field:
+                stamp[stamp_after_field] = time.monotonic_ns()
         return len(meta_bytes) + data_size
 
     # -- start, barrier, stop --------------------------------------------------
@@ -175,11 +178,16 @@ class Van:
         set_thread_name("ps-van")
         try:
             while True:
-                frames = self.router.recv_multipart()
+                # wait for a whole message (zmq delivers a message's frames together),
+                # then take it: the zmq calls that hand it over lie between the stamps,
+                # however long this thread waits for a CPU or the GIL around them
+                self.router.poll()
+                t_before_ns = time.monotonic_ns()
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
                 t_received_ns = time.monotonic_ns()
                 meta = unpack_meta(frames[1])
                 msg = Message(node_id_of_identity(frames[0]), meta, frames[2:], t_received_ns,
-                              sum(len(f) for f in frames[1:]))
+                              sum(len(f) for f in frames[1:]), t_before_ns)
                 if not is_control(meta):
                     self.on_data(msg)
                 elif meta.control.cmd == Cmd.TERMINATE:

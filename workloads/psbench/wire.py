@@ -43,12 +43,14 @@ def is_control(meta: PBMeta) -> bool:
 class Message:
     """A received message: who sent it (from the ROUTER identity frame), its
     meta, its data frames, when its last frame was received, and its size as
-    ps-lite counts it (meta frame + data frames)."""
+    ps-lite counts it (meta frame + data frames). The zmq calls that received
+    it lie between t_received_before_ns and t_received_ns."""
     sender: int | None
     meta: PBMeta
     data: list[bytes] = field(default_factory=list)
     t_received_ns: int = 0
     nbytes: int = 0
+    t_received_before_ns: int = 0
 
 
 def data_meta(*, request: bool, push: bool, app_id: int, customer_id: int, timestamp: int,

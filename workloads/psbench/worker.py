@@ -88,7 +88,8 @@ class KVWorker:
             self._fresh.discard(sid)
             with self._lock:
                 self._pending[(ts, sid)] = row  # before sending: the reply may beat us back
-            row["req_bytes"] = self.van.send(sid, meta, frames, stamp=row, stamp_field="t_issued_ns")
+            row["req_bytes"] = self.van.send(sid, meta, frames, stamp=row, stamp_field="t_issued_ns",
+                                             stamp_after_field="t_issued_after_ns")
         return ts
 
     def handle(self, msg: Message) -> None:
@@ -99,6 +100,9 @@ class KVWorker:
         if row is None:
             raise RuntimeError(f"worker {self.node_id}: response from {msg.sender} to unknown request {ts}")
         row["t_completed_ns"] = msg.t_received_ns
+        row["t_completed_before_ns"] = msg.t_received_before_ns
+        # the reply can beat send()'s return: the request's zmq calls began before it came
+        row.setdefault("t_issued_after_ns", msg.t_received_before_ns)
         row["resp_bytes"] = msg.nbytes
         if not msg.meta.push and self._keep_pulled:
             keys = np.frombuffer(msg.data[0], dtype=KEY_DTYPE)
