@@ -30,8 +30,7 @@ P(r') = F + K * r'/r.
   (it is preempted), and cutting then lost requests for nothing (measured:
   the rate went to 0.1% at 100 requests/s per worker on a loaded machine).
   Framework events do not fall with the rate: when they alone exceed the
-  target, the model's rate is 0, and halving per step keeps the agent from
-  dropping to the floor on one look.
+  target, no rate helps, so utilisation cuts nothing (only losses do).
 - Room (no loss, u below U_TARGET at the raised rate) for CALM_INTERVALS in
   a row: the rate rises by RAISE_FACTOR (slowly: a rise that overshoots
   loses events before the next look).
@@ -85,6 +84,7 @@ class Shedder:
         self.history: list[list] = [[int(now_ns), self.rate]]
         self._calm = 0
         self._cooldown = 0
+        self.saturated_by_framework = 0   # looks at which only framework events' cost was over
         self.last_u: float | None = None
 
     @property
@@ -117,6 +117,15 @@ class Shedder:
             self._cooldown -= 1
         rate = self.rate
         over = u > U_HIGH and st.behind
+        if over and not st.lost and capacity is not None and \
+                U_TARGET * capacity * st.interval_s <= total - kernel:
+            # the framework events alone fill the consumer: shedding host pairs cannot help
+            # (the uprobes see no addresses; their events are dropped in user space, after
+            # their cost). Cutting there only threw data away (measured: the demo's rate
+            # went to 9% and the consumer stayed as busy); keep tracing, cut on losses only.
+            self._calm = 0
+            self.saturated_by_framework += 1
+            return None
         if over or (st.lost and not self._cooldown):
             self._calm = 0
             target = rate / 2

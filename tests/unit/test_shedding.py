@@ -78,9 +78,11 @@ def test_fixed_rate_never_moves():
 def test_overload_cuts_at_once_to_the_rate_that_fits_at_most_halving():
     s = Shedder(None, 0)
     # the consumer takes 10k events per busy second; the probes make 30k/s, 10k of them
-    # framework events (not reduced by sampling): 0.7 * 10k - 10k < 0, the model says 0:
-    # halve per look instead of dropping to the floor at once
-    assert s.observe(_interval(1, 20_000, 10_000, 10_000, 1.0)) is not None
+    # framework events (not reduced by sampling): 0.7 * 10k - 10k < 0, no rate helps:
+    # no cut on utilisation (it would only throw data away), a cut on losses
+    assert s.observe(_interval(1, 20_000, 10_000, 10_000, 1.0)) is None
+    assert s.rate == 1.0 and s.saturated_by_framework == 1
+    assert s.observe(_interval(2, 20_000, 10_000, 10_000, 1.0, lost=500)) is not None
     assert s.rate == 0.5
     s = Shedder(None, 0)
     # 20k kernel + 2k framework per second against 10k/s: r' = (7k - 2k) / 20k = 0.25 -> 0.5 now
