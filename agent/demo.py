@@ -19,8 +19,9 @@ def demo(
     workers: int = typer.Option(4, min=1, help="workers (one host each)"),
     wire_delay_ms: float = typer.Option(0.0, help="one-way wire delay, each direction"),
     server_delay_ms: float = typer.Option(0.0, help="server processing delay per request"),
-    rate: float = typer.Option(200.0, help="requests/s per worker (open loop); 0 = closed loop, "
-                               "which today outruns the agent's consumer (it then reports lost events)"),
+    rate: float = typer.Option(100.0, help="requests/s per worker (open loop); 0 = closed loop. On a "
+                               "2-vCPU machine 200 and more starve the agent of CPU: it then traces a "
+                               "share of the host pairs (load shedding) and the report scales counts"),
     duration: float = typer.Option(20.0, "--duration", help="seconds of traffic"),
     out: Path = typer.Option(None, "--out", help="output dir [default: ./pslat-demo-<time>]"),
 ) -> None:

@@ -55,10 +55,10 @@ MIN_EVENTS_FOR_CAPACITY = 500             # fewer consumed events say little abo
 KERNEL_PROBES = ("sockcalls", "netstack")
 # Behind: the rings were last emptied longer ago than this. Not "no drain emptied them in
 # the interval": a consumer on cores shared with the job can lag seconds without ever
-# losing an event (the 16 MiB rings hold ~10 s of psbench 2x4 at 800 requests/s), and
-# cutting then threw data away (the demo went to 39%, then, at a 2 s limit, to 12.5% of
-# host pairs with nothing lost).
-LAG_LIMIT_S = 5.0
+# losing an event, and cutting then threw data away (the demo at 800 requests/s went to
+# 39% of host pairs with nothing lost). Longer is too late: at 5 s the 4 MiB netstack
+# ring overflowed first (1,020 events lost in the demo).
+LAG_LIMIT_S = 2.0
 
 
 @dataclass
