@@ -100,11 +100,12 @@ def _tables(out: Path) -> tuple[pd.DataFrame, dict]:
     return pd.concat(frames, ignore_index=True), metas
 
 
-def _run(tmp_path: Path, duration_s: float, join_after_s: float | None, **workload):
+def _run(tmp_path: Path, duration_s: float, join_after_s: float | None, wire_delay_ms: float = 0.0,
+         **workload):
     """psbench in the cluster, traced by one agent. join_after_s None: the agent starts
     first and the job runs duration_s. Else the agent starts join_after_s into a long
     job, traces duration_s of it, and the job is stopped (SIGTERM: it writes its truth)."""
-    with Cluster(HOSTS, wait_s=WAIT_S, log_dir=tmp_path / "wire") as cluster:
+    with Cluster(HOSTS, wire_delay_ms=wire_delay_ms, wait_s=WAIT_S, log_dir=tmp_path / "wire") as cluster:
         names = [h.name for h in cluster.hosts]
         agent = None
         try:
@@ -156,13 +157,18 @@ SMALL = dict(keys_per_request=4, embedding_dim=2, lens=False)
 MIN_FOUND_SMALL = 1.0 if WALKER else 0.95
 
 
+# ~78 KB requests and responses (50+ segments), a 2 ms wire, a reconnect every 10 requests
+LARGE = dict(keys_per_request=1024, embedding_dim=16, reconnect_every=10, wire_delay_ms=2.0, rate=40)
+
+
 @pytest.mark.parametrize("workload", [
     pytest.param(SMALL, id="small"),
     pytest.param({}, id="default", marks=needs_walker),
+    pytest.param(LARGE, id="wire2ms-large-reconnect10", marks=needs_walker),
 ])
 def test_every_slice_on_both_hosts_with_ids_stages_and_framework_times(tmp_path, workload):
-    msgs, metas, truth, _, log = _run(tmp_path, duration_s=3.0, join_after_s=None, rate=100, **workload)
-    min_found = MIN_FOUND_SMALL if workload else 1.0
+    min_found = MIN_FOUND_SMALL if workload == SMALL else 1.0
+    msgs, metas, truth, _, log = _run(tmp_path, duration_s=3.0, join_after_s=None, **{"rate": 100, **workload})
     assert len(metas) == HOSTS
     for meta in metas.values():
         for probe, c in meta["counters"]["probes"].items():
