@@ -196,15 +196,20 @@ class Correlator:
         call = wm.last_call or wm.first_call
         tgid = call.tgid if call is not None else min(wm.conn.tgids)
         self.ids.learn_message(wm, tgid)
-        self._tick(call.exit_ts_ns if call is not None else self.now_ns)
+        event_ns = call.exit_ts_ns if call is not None else self.now_ns
+        self._tick(event_ns)
         m = wm.msg
-        p = Pending(wm, tgid, self.now_ns, None)
+        # held from its own time, not from a watermark that may lag it by seconds: a drain
+        # that takes long hands over records seconds newer than the last watermark, and the
+        # next watermark expired them at once, before their partners from the other ring
+        # (measured: 76-152 of 9,600 messages near a run's end without framework times)
+        p = Pending(wm, tgid, max(self.now_ns, event_ns), None)
         if m.timestamp is None and m.app_id is None and m.customer_id is None:
             self._unkeyed.append(p)   # nothing to match a framework record by
             return
         p.key = (tgid, wm.tx, m.app_id, m.customer_id, m.timestamp, m.request)
         self._wires[p.key].append(p)
-        self._touch(p.key)
+        self._touch(p.key, p.added_ns)
 
     def on_framework(self, fm) -> None:
         self.fw_tgids.add(fm.tgid)
@@ -229,13 +234,14 @@ class Correlator:
         if len(heads) >= 2 and len(heads[1]) >= 8 and sizes and sizes[1] % 8 == 0:
             n = min(len(heads[1]), sizes[1]) // 8
             head_keys = struct.unpack_from(f"<{n}Q", heads[1])
-        self._fws[key].append(PendingFw(fm, self.now_ns, key, sizes, peer_id, head_keys))
-        self._touch(key)
+        f = PendingFw(fm, max(self.now_ns, fm.ret_ts_ns), key, sizes, peer_id, head_keys)
+        self._fws[key].append(f)
+        self._touch(key, f.added_ns)
 
-    def _touch(self, key: tuple) -> None:
+    def _touch(self, key: tuple, at_ns: int) -> None:
         touched = self._group_touched
         touched.pop(key, None)
-        touched[key] = self.now_ns
+        touched[key] = at_ns
 
     def advance(self, watermark_ns: int) -> None:
         """Every event up to watermark_ns has been delivered (see the module docstring)."""
