@@ -14,11 +14,7 @@ import ctypes
 import ipaddress
 import json
 import random
-import select
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,10 +24,8 @@ from probes.program import PROBES_DIR, expand_includes, kernel_constants
 
 pytestmark = pytest.mark.privileged
 
-ROOT = Path(__file__).resolve().parents[2]
 HOSTS = 6
 WAIT_S = 300                # another test's cluster may be up (one per machine)
-READY_TIMEOUT_S = 120
 
 
 # ---- the BPF hash is the Python mirror's ------------------------------------------
@@ -100,43 +94,8 @@ def test_bpf_pair_hash_is_the_python_mirror():
 
 # ---- the agent on psbench in the cluster ------------------------------------------
 
-def _libzmq() -> Path:
-    import zmq
-    return sorted(Path(zmq.__file__).parent.parent.glob("pyzmq.libs/libzmq*.so*"))[0]
-
-
-class Agent:
-    """`pslat agent` as a child process; ready once it says so on stderr."""
-
-    def __init__(self, out: Path, hosts: list[str], *extra: str):
-        argv = [sys.executable, "-m", "agent.cli", "agent", "--out", str(out), "--lib", str(_libzmq()), *extra]
-        for h in hosts:
-            argv += ["--netns", h]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        self.log: list[str] = []
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stderr], [], [], left)[0]:
-                self.proc.kill()
-                pytest.fail("the agent did not get ready: " + "".join(self.log))
-            line = self.proc.stderr.readline()
-            if not line:
-                pytest.fail(f"the agent exited ({self.proc.wait()}): " + "".join(self.log))
-            self.log.append(line)
-            if "ready:" in line:
-                return
-
-    def stop(self) -> str:
-        self.proc.send_signal(signal.SIGINT)
-        rest = self.proc.stderr.read()
-        assert self.proc.wait(120) == 0, "".join(self.log) + rest
-        return "".join(self.log) + rest
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_agent_cluster import Agent  # noqa: E402  (the agent as a child process, ready on its signal)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +110,7 @@ def _traced_run(cluster, tmp_path: Path, agent_args: tuple, duration_s: float, *
     from workloads.psbench.launch import launch_in_cluster
 
     names = [h.name for h in cluster.hosts]
-    agent = Agent(tmp_path / "agent", names, *agent_args)
+    agent = Agent(tmp_path / "agent", names, extra=tuple(agent_args))
     try:
         with launch_in_cluster(cluster, tmp_path / "ps", servers=2, workers=4, duration_s=duration_s,
                                **workload) as job:
