@@ -435,7 +435,10 @@ def test_walker_rebuilds_small_and_large_messages(netns):
     from parsers.pslite.encode import ready_bytes
     assert handshake == 64 + len(ready_bytes(b"DEALER", IDENTITY))
 
-    # Small messages came many per call and frame headers were split across calls.
+    # Small messages came many per call. Whether a call also began inside a
+    # frame header depends on how libzmq's batches fell (CI once saw none in
+    # 291 calls), so that is only printed here; test_probes_walker_split.py
+    # puts call boundaries at every header byte on purpose.
     n_small_calls = [len(c.message_ends()) for c in tx.calls + rx.calls]
     assert max(n_small_calls) >= 20
     header_at = set()
@@ -446,7 +449,6 @@ def test_walker_rebuilds_small_and_large_messages(netns):
             at += frame_header_bytes(f) + len(f)
     splits = sum(1 for d in (tx, rx) for c in d.calls if d.offset_of_seq(c.event.seq_start) in header_at)
     print(f"\ncalls: tx {len(tx.calls)}, rx {len(rx.calls)}; calls starting inside a frame header: {splits}")
-    assert splits >= 1
     # Large keys frames (4000 keys) are hashed in 4 blocks of 64 keys, sampled at level 6.
     assert key_sample_level(256) == 6
 
