@@ -27,6 +27,7 @@ import typer
 
 from agent.errors import UserError
 from agent.live import CLIENT_COMPONENTS, GROUP_OF, GROUPS, SERVER_COMPONENTS, UNSPLIT, merge_snapshots, quantile_ns
+from parsers.pslite.keysample import key_text
 
 REFRESH_S = 1.0
 GROUP_GLYPH = {"host": "█", "nic": "▓", "network_and_remote": "░", UNSPLIT: "·"}
@@ -191,7 +192,7 @@ def _key_line(host: str, k: dict, n: int):
     from rich.text import Text
     total = k["sampled"] or 1
     t = Text(f"  {host}: ")
-    t.append("  ".join(f"{key} {100 * c / total:.1f}%" for key, c in k["top"][:n]))
+    t.append("  ".join(f"{key_text(int(key))} {100 * c / total:.1f}%" for key, c in k["top"][:n]))
     return t
 
 

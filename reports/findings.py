@@ -212,7 +212,8 @@ def agents(health: list[dict]) -> list[dict[str, Any]]:
     per host, each meta.json carrying the same agent-wide probe counters. Run dirs are one
     agent's when they share meta.json's run_id; without one (older agents), when their probe
     counters are identical and not empty. Per agent: its hosts and its probe counters, the
-    largest of its run dirs' (each meta.json is rewritten at its own flush; counters only grow)."""
+    largest of its run dirs' (each meta.json is rewritten at its own flush; counters only grow),
+    and its hosts' health rows (what each host's run dir writer counted: rows, messages)."""
     groups: dict[Any, dict[str, Any]] = {}
     for h in health:
         if h.get("run_id"):
@@ -221,8 +222,9 @@ def agents(health: list[dict]) -> list[dict[str, Any]]:
             key = ("counters", tuple(sorted((p, c["seen"], c["lost"]) for p, c in h["probes"].items())))
         else:
             key = ("host", h["host"])
-        a = groups.setdefault(key, {"hosts": [], "probes": {}})
+        a = groups.setdefault(key, {"hosts": [], "probes": {}, "rows": []})
         a["hosts"].append(h["host"])
+        a["rows"].append(h)
         for p, c in h["probes"].items():
             have = a["probes"].setdefault(p, {"seen": 0, "lost": 0})
             have["seen"], have["lost"] = max(have["seen"], c["seen"]), max(have["lost"], c["lost"])
@@ -231,6 +233,12 @@ def agents(health: list[dict]) -> list[dict[str, Any]]:
 
 def _agent_name(hosts: list[str]) -> str:
     return hosts[0] if len(hosts) == 1 else f"the agent of {', '.join(hosts)}"
+
+
+def agent_hosts(hosts: list[str], width: int = 24) -> str:
+    """An agent's hosts for a table cell: all of them when they fit."""
+    text = ", ".join(hosts)
+    return text if len(text) <= width else f"{hosts[0]} .. {hosts[-1]} ({len(hosts)} hosts)"
 
 
 def health_findings(m: dict) -> list[str]:

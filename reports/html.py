@@ -23,7 +23,7 @@ from typing import Any
 
 from agent.errors import UserError
 from reports import components as C
-from reports.findings import pct, us
+from reports.findings import agents, pct, us
 from reports.html_template import PAGE
 from reports.viewmodel import GROUP_ORDER, build_model
 
@@ -392,17 +392,20 @@ def sec_health(p: Page, m: dict) -> None:
     p.add('<section id="health"><h2>7 Agent health, notes and problems</h2>')
     probes = sorted({pr for h in m["health"] for pr in h["probes"]})
     rows = []
-    for h in m["health"]:
-        cells = [h["host"]]
+    for a in agents(m["health"]):   # probe counters and CPU are agent-wide: a row per agent
+        hr = a["rows"]
+        cells = [", ".join(a["hosts"])]
         for pr in probes:
-            c = h["probes"].get(pr)
+            c = a["probes"].get(pr)
             cells.append("-" if c is None else f"{c['seen']:,} / {c['lost']:,}")
-        cells += [f"{h['messages']:,}" if isinstance(h["messages"], int) else "-", f"{h['rows_dropped']:,}",
-                  "-" if h["consumer_cpu_s"] is None else f"{h['consumer_cpu_s']:.1f}", f"{h['sampling_rate']:g}",
-                  "yes" if h["closed"] else "no"]
+        msgs = [h["messages"] for h in hr if isinstance(h["messages"], int)]
+        cpu = [h["consumer_cpu_s"] for h in hr if h["consumer_cpu_s"] is not None]
+        cells += [f"{sum(msgs):,}" if msgs else "-", f"{sum(h['rows_dropped'] for h in hr):,}",
+                  f"{max(cpu):.1f}" if cpu else "-", "/".join(sorted({f"{h['sampling_rate']:g}" for h in hr})),
+                  "yes" if all(h["closed"] for h in hr) else "no"]
         rows.append(cells)
-    p.add(_table(["host"] + [f"{pr} seen / lost" for pr in probes] + ["messages", "rows dropped", "agent CPU s",
-                                                                       "sampling", "closed"], rows))
+    p.add(_table(["agent's hosts"] + [f"{pr} seen / lost" for pr in probes]
+                 + ["messages", "rows dropped", "agent CPU s", "sampling", "closed"], rows))
     s = m["summary"]
     u = s["unmatched"]
     p.add(f"<p>{s['requests']:,} requests paired; requests without response {u['requests_without_response']:,}, "

@@ -40,7 +40,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parsers.pslite.keysample import key_hash
+from parsers.pslite.keysample import key_hash, key_text
 from reports.load import release_memory, system_allocator
 
 COVER_MIN = 0.5
@@ -142,7 +142,7 @@ def op_skew(t: pa.Table) -> dict[str, Any] | None:
     # large shows up rarely, but each sighting stands for 1/cover updates)
     reliable = (cov * m >= MIN_COVER_MSGS) | (seen >= MIN_SEEN)
     order = np.argsort(-est * reliable, kind="stable")[:int(reliable.sum())]
-    out["hot_keys"] = [{"key": f"{int(uk[i]):#018x}", "updates": float(est[i]), "workers": int(workers[i])}
+    out["hot_keys"] = [{"key": key_text(uk[i]), "updates": float(est[i]), "workers": int(workers[i])}
                        for i in order[:10]]
     out["hot_keys_reliable"] = int(reliable.sum())
     out["aggregation"] = _aggregation(est[order], workers[order], out["bytes_per_key"], total_bytes)

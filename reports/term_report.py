@@ -125,14 +125,20 @@ def clocks_view(m: dict) -> list:
 
 
 def health_view(m: dict) -> list:
+    """One row per agent: its probe counters are agent-wide, whatever number of hosts
+    (namespaces) it wrote; rows dropped are summed over its hosts' writers."""
+    from reports.findings import agent_hosts, agents
+
     probes = sorted({p for h in m["health"] for p in h["probes"]})
-    t = _table("agent health (events seen / lost per probe)",
-               [("host", "left")] + [(p, "right") for p in probes]
+    t = _table("agent health (events seen / lost per probe, per agent)",
+               [("agent's hosts", "left")] + [(p, "right") for p in probes]
                + [("rows dropped", "right"), ("sampling", "right")])
-    for h in m["health"]:
-        cells = [f"{h['probes'][p]['seen']:,} / {h['probes'][p]['lost']:,}" if p in h["probes"] else "-"
+    for a in agents(m["health"]):
+        cells = [f"{a['probes'][p]['seen']:,} / {a['probes'][p]['lost']:,}" if p in a["probes"] else "-"
                  for p in probes]
-        t.add_row(h["host"], *cells, f"{h['rows_dropped']:,}", f"{h['sampling_rate']:g}")
+        rates = sorted({f"{h['sampling_rate']:g}" for h in a["rows"]})
+        t.add_row(agent_hosts(a["hosts"]), *cells, f"{sum(h['rows_dropped'] for h in a['rows']):,}",
+                  "/".join(rates))
     return [t]
 
 

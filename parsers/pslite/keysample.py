@@ -22,6 +22,12 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 KEY_BYTES = 8
 
 
+def key_text(key: int) -> str:
+    """A key id as every view shows it (report tables, `pslat top`): hexadecimal, as
+    ps-lite's keys are often ranges of a 64-bit space split among servers."""
+    return f"{int(key):#x}"
+
+
 def key_hash(keys: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer over a uint64 array (wraps modulo 2**64, a bijection)."""
     x = keys >> _S30  # a new array: the operations below work in place on it

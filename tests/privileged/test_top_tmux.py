@@ -91,7 +91,7 @@ PROC_NAME = "psbench-top"    # psbench --proc-name: what --comm selects (the thr
 RATE_PER_S = 100.0           # open loop, per worker: psbench alternates pull and push
 ROWS = re.compile(r"^(\S+)\s+(cli|srv)\s+(push|pull)\s+(\S+)\s+([\d.,]+)\s", re.M)
 WINDOW = re.compile(r"last (\d+) s")
-KEYS = re.compile(r"(\d{2,}) (\d+\.\d)%")
+KEYS = re.compile(r"0x([0-9a-f]+) (\d+\.\d)%")
 HEALTH = re.compile(r"\d[\d,]* ev/s, cpu [\d.]+%, sampling 100%")   # its own agent's line
 
 
@@ -143,7 +143,7 @@ def test_top_with_its_own_probes_shows_traffic_and_detaches_on_q(tmp_path):
                 assert 0 < rates[role, op] <= 1.3 * RATE_PER_S / 2, s
             for op in ("push", "pull"):   # both ends of the same requests, seen by the same probes
                 assert rates["cli", op] == pytest.approx(rates["srv", op], rel=0.1), s
-            shown = [int(k) for k, _ in KEYS.findall(s.split("hot keys", 1)[1].split("connections", 1)[0])]
+            shown = [int(k, 16) for k, _ in KEYS.findall(s.split("hot keys", 1)[1].split("connections", 1)[0])]
             hottest = _hottest_wire_keys(8)
             assert shown[0] == hottest[0] and set(shown) <= set(hottest), (shown, hottest)
             assert all(len(line) <= 80 for line in s.splitlines()) and len(s.splitlines()) <= 24

@@ -72,6 +72,20 @@ def test_report_of_one_agent_run_dirs(tmp_path):
     assert len(re.findall(r"lost \d", f)) == 1
     assert f"the agent of {', '.join(hosts)} sockcalls lost 11 of 5,011 events" in f
 
+    # the health tables: one row for the agent, its counters once
+    import io
+
+    from rich.console import Console
+
+    from reports.html import render
+    from reports.term_report import health_view
+    buf = io.StringIO()
+    Console(file=buf, width=100, color_system=None).print(*health_view(m))
+    assert buf.getvalue().count("5,000 / 11") == 1 and ", ".join(hosts) in buf.getvalue()
+    page = render(m)
+    health = page[page.index('<section id="health">'):]
+    assert health.count("5,000 / 11") == 1
+
 
 def test_traffic_gap_named_per_host():
     t = np.arange(0, 10_000_000_000, 10_000_000)          # a message every 10 ms for 10 s
