@@ -261,9 +261,12 @@ def sec_concurrency(p: Page, m: dict) -> None:
                                                                    "title": {"text": "connections in flight"}},
                                     "yaxis": {"title": {"text": "us"}}}))
     p.add(f'<div class="grid">{"".join(grid)}</div>')
-    rows = []
+    rows, untraced = [], set()
     for op, per in m["concurrency"].items():
         for side in ("server", "worker"):
+            if not per[side]["requests_counted"]:   # that side's host was not traced
+                untraced.add(side)
+                continue
             sw = per[side]["sock_wait"]
             rows.append([op, side, f"{per[side]['requests_counted']:,}",
                          max((r["conns"] for r in per[side]["by_conns"]), default="-"),
@@ -272,6 +275,9 @@ def sec_concurrency(p: Page, m: dict) -> None:
     if rows:
         p.add(_table(["op", "side", "requests counted", "max in flight", "sock wait mean", "of e2e",
                       "run-queue", "busy elsewhere"], rows, left=2))
+    if untraced:
+        p.add(f"<p>No {' or '.join(sorted(untraced))} side counted: no request has that host's "
+              "connections traced.</p>")
     procs = m.get("processes") or []
     if procs:
         p.add("<h3>Traced processes</h3>")

@@ -112,3 +112,14 @@ def test_html_is_self_contained_and_escapes(run):
     figs = json.loads(data)["figures"]
     assert len(figs) >= 10 and all(f"id=\"{f['div']}\"" in html for f in figs)
     assert any("&lt;svg/onload=alert(1)&gt;" in json.dumps(f) for f in figs)   # escaped for plotly's text too
+
+
+def test_worker_only_run_names_the_untraced_side(tmp_path):
+    """Only the worker's host traced: the concurrency table has no server rows of zeros;
+    it says that side was not traced."""
+    simulate(tmp_path, Sim(requests=40, seed=2, workers=1, servers=1, traced=("w0",)))
+    m = build_model(dissect([tmp_path / "w0"]), [tmp_path / "w0"])
+    assert all(per["server"]["requests_counted"] == 0 for per in m["concurrency"].values())
+    page = render(m)
+    section = page[page.index('<section id="concurrency">'):page.index('<section id="connections">')]
+    assert "No server side counted" in section and ">server</td>" not in section
