@@ -36,9 +36,7 @@ def _float64(s: pd.Series, rows: np.ndarray | None) -> np.ndarray:
     column is cut before it is converted, not converted whole for each subset."""
     a = s.array
     if isinstance(a, pd.arrays.IntegerArray) and rows is not None:
-        v = a._data[rows].astype(np.float64)
-        v[a._mask[rows]] = np.nan
-        return v
+        return a[rows].to_numpy(np.float64, na_value=np.nan)
     v = s.to_numpy(dtype=np.float64, na_value=np.nan)
     return v if rows is None else v[rows]
 
