@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from agent.clocksamples import NS_EV_CLOCK, clock_sample_row
 from agent.clockskew import ClockSkew
 from agent.correlate import Connections, Correlator
 from agent.detach import Detacher
 from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, sockcall_format
 from agent.errors import UserError
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
-from agent.records import CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
+from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
 from agent.rundir import RunDirWriter
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
 
@@ -104,7 +105,11 @@ class Pipeline:
                 if self._netstack_decode is None:
                     from probes.events import NetstackEvent  # exists once netstack landed
                     self._netstack_decode = NetstackEvent.decode
-                self.correlator.on_netstack(self._netstack_decode(raw))
+                ev = self._netstack_decode(raw)
+                if ev.kind == NS_EV_CLOCK:
+                    self._emit_clock_sample(ev)
+                else:
+                    self.correlator.on_netstack(ev)
             elif probe == NOTE_PROBE:
                 self._note(raw)
         except Exception:  # one bad event must not stop the agent: count it, say it once
@@ -143,6 +148,12 @@ class Pipeline:
         if self.live is not None:
             self.live.on_connection(row)
 
+    def _emit_clock_sample(self, ev) -> None:
+        row = clock_sample_row(ev, self.host_map.host_of(ev.netns_ino))
+        if row["host_id"] in self.skews:
+            self.skews[row["host_id"]].apply(row)
+        self._writer(row["host_id"]).append("clock_samples", row)
+
     def _writer(self, host: str) -> RunDirWriter:
         w = self.writers.get(host)
         if w is None:
@@ -154,6 +165,7 @@ class Pipeline:
             w = self.writers[host] = RunDirWriter(self.out / host, meta, self.shard_interval_s)
             w.set_schema("messages", MESSAGES_SCHEMA)
             w.set_schema("connections", CONNECTIONS_SCHEMA)
+            w.set_schema("clock_samples", CLOCK_SAMPLES_SCHEMA)
         return w
 
     # -- upkeep -----------------------------------------------------------------

@@ -121,3 +121,18 @@ CONNECTIONS_SCHEMA = pa.schema([
     ("retransmits", pa.int64()), ("retransmit_failures", pa.int64()),
     ("states", pa.string()),              # "STATE@ts_ns,..." every transition seen
 ])
+
+
+# One row per segment that started a burst on a traced flow (nothing else of the
+# flow for the netstack probe's NS_CLOCK_GAP_NS before it), as its sender handed
+# it to the driver ("tx") or its receiver saw it arrive ("rx"): the report pairs
+# the two ends by flow and seq into one-way samples for the clock estimate
+# (agent/clocksamples.py, reports/clocks.py). CLOCK_MONOTONIC ns of the host.
+CLOCK_SAMPLES_SCHEMA = pa.schema([
+    ("host_id", pa.string()),
+    ("direction", pa.string()),           # "tx" | "rx"
+    ("src_ip", pa.string()), ("src_port", pa.int32()),   # the segment's source and destination
+    ("dst_ip", pa.string()), ("dst_port", pa.int32()),
+    ("seq", pa.uint32()),                 # its first payload byte
+    ("ts_ns", _ts),                       # tx: driver handoff; rx: arrival (NAPI/netif_rx, else netif_receive)
+])

@@ -198,6 +198,7 @@ enum ns_event_kind {
 	NS_EV_RETRANS = 3, /* struct ns_retrans_event: tcp:tcp_retransmit_skb on a traced socket */
 	NS_EV_CONN = 4,    /* struct ns_conn_event: sock:inet_sock_set_state on a traced socket */
 	NS_EV_CALL = 5,    /* struct ns_call_event: connect()/accept() of a selected process */
+	NS_EV_CLOCK = 6,   /* struct ns_clock_event: a segment that starts a burst, for the clock estimate */
 };
 
 /* Extra counter slots of the netstack probe. */
@@ -303,6 +304,27 @@ struct ns_conn_event {
 	__u8  saddr[16];
 	__u8  daddr[16];
 	__u32 _pad2;
+};
+
+/* A payload segment of a traced flow that starts a burst: nothing else of the
+ * flow was handed to the driver (sender) / arrived (receiver) for
+ * NS_CLOCK_GAP_NS before it. Both ends report the first segment of a message
+ * sent after a pause; user space matches them by flow and seq into one-way
+ * samples for the clock estimate (reports/clocks.py). A message's last
+ * segment, which the per-message times describe, queues behind its own
+ * burst on the way; the first does not. Re-sends are not reported by the
+ * sender; the receiver reports what arrives (user space keeps the first). */
+struct ns_clock_event {
+	__u8  kind;          /* NS_EV_CLOCK */
+	__u8  rx;            /* 0: handed to the driver (net_dev_start_xmit) by the sender; 1: arrived at the receiver */
+	__u16 family;        /* AF_INET / AF_INET6 (v4-mapped sockets report IPv4, as their packets) */
+	__u32 netns_ino;
+	__u64 ts_ns;         /* the handoff, or the arrival (NAPI GRO entry / netif_rx, else netif_receive_skb) */
+	__u32 seq;           /* the segment's first payload byte */
+	__u16 sport;         /* the segment's source and destination ports, host byte order */
+	__u16 dport;
+	__u8  saddr[16];     /* the segment's source address (IPv4 in the first 4 bytes) */
+	__u8  daddr[16];
 };
 
 #define NS_CALL_CONNECT 1

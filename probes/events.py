@@ -304,6 +304,7 @@ class NsEventKind(enum.IntEnum):
     RETRANS = 3
     CONN = 4
     CALL = 5
+    CLOCK = 6
 
 
 # Counter slots of the netstack probe, in order (enum pslat_counter, enum ns_counter).
@@ -521,7 +522,27 @@ class NsCallEvent(NetstackEvent):
     ]
 
 
-_NS_KINDS = {c.kind_value: c for c in (NsTxEvent, NsTxDoneEvent, NsRetransEvent, NsConnEvent, NsCallEvent)}
+class NsClockEvent(NetstackEvent):
+    """struct ns_clock_event."""
+
+    c_name = "struct ns_clock_event"
+    kind_value = NsEventKind.CLOCK
+    _fields_ = [
+        ("kind", ctypes.c_uint8),
+        ("rx", ctypes.c_uint8),
+        ("family", ctypes.c_uint16),
+        ("netns_ino", ctypes.c_uint32),
+        ("ts_ns", ctypes.c_uint64),
+        ("seq", ctypes.c_uint32),
+        ("sport", ctypes.c_uint16),
+        ("dport", ctypes.c_uint16),
+        ("saddr", ctypes.c_uint8 * 16),
+        ("daddr", ctypes.c_uint8 * 16),
+    ]
+
+
+_NS_KINDS = {c.kind_value: c for c in (NsTxEvent, NsTxDoneEvent, NsRetransEvent, NsConnEvent, NsCallEvent,
+                                       NsClockEvent)}
 
 
 # Out-parameters of the rings.bpf.h API, embedded by other probes' events.
@@ -574,6 +595,6 @@ class NsWindow(ctypes.Structure):
     ]
 
 
-NETSTACK_MIRRORS = (NsTxEvent, NsTxDoneEvent, NsRetransEvent, NsConnEvent, NsCallEvent, NsRxTimes, NsSched,
-                    NsWindow)
+NETSTACK_MIRRORS = (NsTxEvent, NsTxDoneEvent, NsRetransEvent, NsConnEvent, NsCallEvent, NsClockEvent, NsRxTimes,
+                    NsSched, NsWindow)
 # ==== netstack: END ====

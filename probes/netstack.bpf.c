@@ -15,6 +15,9 @@
  *                                              without NAPI: veth, loopback),
  *                                              netif_receive time
  *        sk_data_ready                         per tracked socket: rcv_nxt
+ *   clock  net_dev_start_xmit, ns_rx_arrival   event per segment that starts a
+ *          (netif_receive_skb without one)     burst (NS_CLOCK_GAP_NS): one-way
+ *                                              samples for the clock estimate
  *   TCP  tcp_retransmit_skb                    event per retransmission
  *        inet_sock_set_state                   life-cycle event; starts and
  *                                              ends tracking
@@ -151,6 +154,52 @@ static __always_inline int ns_rx_parse(u64 skb, struct ns_flow_key *k, u32 *seq,
 	return 0;
 }
 
+/* ---- clock samples ------------------------------------------------------------------ */
+
+/* A segment that starts a burst (struct ns_clock_event): `src`/`dst` the
+ * segment's source and destination. Costs one comparison per segment
+ * otherwise: the previous segment's time is in the flow's / socket's ring. */
+static __always_inline void ns_clock_emit(u8 rx, const struct ns_flow_key *k, int from_local, u32 seq, u64 ts)
+{
+	struct ns_clock_event ev = {};
+	ev.kind = NS_EV_CLOCK;
+	ev.rx = rx;
+	ev.family = k->v6 ? AF_INET6_ : AF_INET_;
+	ev.netns_ino = k->netns_ino;
+	ev.ts_ns = ts;
+	ev.seq = seq;
+	if (from_local) {
+		ev.sport = k->lport;
+		ev.dport = k->rport;
+		__builtin_memcpy(ev.saddr, k->laddr, 16);
+		__builtin_memcpy(ev.daddr, k->raddr, 16);
+	} else {
+		ev.sport = k->rport;
+		ev.dport = k->lport;
+		__builtin_memcpy(ev.saddr, k->raddr, 16);
+		__builtin_memcpy(ev.daddr, k->laddr, 16);
+	}
+	ns_emit(&ev, sizeof(ev));
+}
+
+/* Nothing of this flow for NS_CLOCK_GAP_NS before `ts` (`prev_ts`: the latest
+ * segment's time, 0 for none). */
+static __always_inline int ns_clock_gap(u64 prev_ts, u64 ts)
+{
+#if NS_CLOCK_GAP_NS
+	return (s64)(ts - prev_ts) >= NS_CLOCK_GAP_NS;
+#else
+	return 0;
+#endif
+}
+
+/* The time on record of a flow's latest segment. */
+static __always_inline u64 ns_rx_prev_ts(struct ns_flow *f)
+{
+	struct ns_rxrec *p = &f->r[(f->head - 1) & (NS_RX_SLOTS - 1)];
+	return p->ts_nic_ns ? p->ts_nic_ns : p->ts_netif_ns;
+}
+
 /* ---- TX ----------------------------------------------------------------------------- */
 
 int ns_dev_queue(struct bpf_raw_tracepoint_args *ctx)
@@ -241,6 +290,7 @@ int ns_start_xmit(struct bpf_raw_tracepoint_args *ctx)
 	}
 #endif
 	u32 xh = s->xhead;
+	u64 prev_xmit = s->x[(xh - 1) & (NS_TX_XMIT_SLOTS - 1)].ts_xmit_ns;
 	s->xhead = xh + 1;
 	struct ns_xrec *x = &s->x[xh & (NS_TX_XMIT_SLOTS - 1)];
 	x->skb = skb;
@@ -259,6 +309,13 @@ int ns_start_xmit(struct bpf_raw_tracepoint_args *ctx)
 	if (!s->have_max || ns_seq_before(s->max_end, end)) {
 		s->max_end = end;
 		s->have_max = 1;
+	}
+	if (!resend && ns_clock_gap(prev_xmit, ts)) {
+		/* the socket's receive flow key: the same addresses as the packets
+		 * (v4-mapped sockets send IPv4), local = this end, the source */
+		struct ns_rx_sock *rs = ns_rx_socks.lookup(&sk);
+		if (rs)
+			ns_clock_emit(0, &rs->key, 1, seq, ts);
 	}
 	if (!s->pending && !resend)
 		return 0;
@@ -344,15 +401,14 @@ int ns_kfree_skb(struct bpf_raw_tracepoint_args *ctx)
 /* ---- RX -------------------------------------------------------------------------------- */
 
 /* The tracked flow an RX skb belongs to, or 0. */
-static __always_inline struct ns_flow *ns_rx_flow(u64 skb, u32 *seq, u32 *end)
+static __always_inline struct ns_flow *ns_rx_flow(u64 skb, struct ns_flow_key *k, u32 *seq, u32 *end)
 {
-	struct ns_flow_key k = {};
-	k.netns_ino = ns_skb_netns(skb);
+	k->netns_ino = ns_skb_netns(skb);
 #if FILTER_NETNS
-	if (!filter_netns.lookup(&k.netns_ino))
+	if (!filter_netns.lookup(&k->netns_ino))
 		return 0;
 #endif
-	int r = ns_rx_parse(skb, &k, seq, end);
+	int r = ns_rx_parse(skb, k, seq, end);
 	if (r) {
 		if (r < 0)
 			ns_count(NS_COUNTER_SKB_UNPARSED);
@@ -360,7 +416,7 @@ static __always_inline struct ns_flow *ns_rx_flow(u64 skb, u32 *seq, u32 *end)
 	}
 	if (*seq == *end)
 		return 0;
-	return ns_flows.lookup(&k);
+	return ns_flows.lookup(k);
 }
 
 /* An skb we saw handed to a driver, now on a receive path: that device
@@ -386,13 +442,17 @@ int ns_rx_arrival(struct bpf_raw_tracepoint_args *ctx)
 	u64 skb = ctx->args[0];
 	ns_rx_forwarded(skb);
 	u32 seq, end;
-	struct ns_flow *f = ns_rx_flow(skb, &seq, &end);
+	struct ns_flow_key k = {};
+	struct ns_flow *f = ns_rx_flow(skb, &k, &seq, &end);
 	if (!f)
 		return 0;
+	u64 ts = bpf_ktime_get_ns();
+	if (ns_clock_gap(ns_rx_prev_ts(f), ts))
+		ns_clock_emit(1, &k, 0, seq, ts);
 	u32 h = f->head;
 	f->head = h + 1;
 	struct ns_rxrec *r = &f->r[h & (NS_RX_SLOTS - 1)];
-	r->ts_nic_ns = bpf_ktime_get_ns();
+	r->ts_nic_ns = ts;
 	r->ts_netif_ns = 0;
 	r->seq = seq;
 	r->end = end;
@@ -406,7 +466,8 @@ int ns_netif_receive(struct bpf_raw_tracepoint_args *ctx)
 	u64 ts = bpf_ktime_get_ns();
 	ns_rx_forwarded(skb);
 	u32 seq, end;
-	struct ns_flow *f = ns_rx_flow(skb, &seq, &end);
+	struct ns_flow_key k = {};
+	struct ns_flow *f = ns_rx_flow(skb, &k, &seq, &end);
 	if (!f)
 		return 0;
 	/* The same skb again at once: an upper device (bridge, vlan, macvlan)
@@ -443,6 +504,9 @@ int ns_netif_receive(struct bpf_raw_tracepoint_args *ctx)
 		if (f->gro_held != held)
 			return 0;
 	}
+	/* a segment no arrival hook saw (the device has neither NAPI nor netif_rx) */
+	if (ns_clock_gap(ns_rx_prev_ts(f), ts))
+		ns_clock_emit(1, &k, 0, seq, ts);
 	u32 h = f->head;
 	f->head = h + 1;
 	struct ns_rxrec *r = &f->r[h & (NS_RX_SLOTS - 1)];

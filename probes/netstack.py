@@ -105,6 +105,11 @@ def _probe(tx_completion: bool) -> Probe:
             "NS_TX_EXPECT_SLOTS_LOG2": (4, 2, 8),  # 16 message ends waiting, per socket
             "NS_RX_SLOTS_LOG2": (7, 2, 9),  # last 128 segments received per flow: two 64 KiB messages (a reader one message behind still finds the first; 64 lost 1-5% of 78 KB requests)
             "NS_DR_SLOTS_LOG2": (5, 2, 8),  # last 32 data-ready wake-ups, per socket
+            # a segment after this long without one on its flow starts a burst: both ends
+            # report it (ns_clock_event) for the clock estimate. 0: none reported. 100 us:
+            # about one event per message end that follows a pause (messages closer than
+            # that queue behind each other anyway, and would not be minimum-delay samples)
+            "NS_CLOCK_GAP_NS": (100_000, 0, 10**9),
             "NS_TX_COMPLETION": (int(tx_completion), int(tx_completion), int(tx_completion)),
         },
     )

@@ -22,7 +22,14 @@ Sources, in order:
   handoff, else the first send syscall: times no later than its departure) and
   reaches B (NIC/netif, else later stages: no earlier than its arrival), so
   offset >= t_A,out - t_B,in (a lower bound L); one from B to A gives an upper
-  bound U = t_A,in - t_B,out. The lines offset + drift * t that respect every
+  bound U = t_A,in - t_B,out. Samples of two kinds (traffic_samples): per
+  message, the times of its last segment (one_way_samples), and per segment
+  that starts a burst, its driver handoff and its arrival, which the agents
+  report apart (the `clock_samples` table: segment_samples). The second kind is
+  what keeps the estimate unbiased with large messages: a 78 KB message's last
+  segment queues behind the other 50 of its burst on the way (measured: that
+  direction's minimum one-way delay 50-110 us above the wire's), its first
+  segment does not; without them the band's middle was off by half of that. The lines offset + drift * t that respect every
   bound form a convex set (only the minimum-delay samples bind). The drift is
   the slope of the widest band between the bounds (a ternary search; a run
   too short to tell the drift, judged by the scatter of per-window midpoints,
@@ -40,10 +47,15 @@ Sources, in order:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from agent.rundir import SHARD_SUFFIX
 
 MAX_WINDOWS = 64
 MIN_SAMPLES_PER_WINDOW = 8
@@ -129,6 +141,55 @@ def one_way_samples(msgs: pd.DataFrame) -> pd.DataFrame:
     s = s.dropna()
     s = s[s["tx_host"] != s["rx_host"]]
     return s.astype({"t_out": np.int64, "t_in": np.int64}).reset_index(drop=True)
+
+
+CLOCK_SAMPLES_TABLE = "clock_samples"   # agent/records.py CLOCK_SAMPLES_SCHEMA
+_FLOW_SEQ = ["src_ip", "src_port", "dst_ip", "dst_port", "seq"]
+
+
+def _read_clock_samples(run_dir: Path, host_id: str) -> pd.DataFrame | None:
+    parts = []
+    for shard in sorted(Path(run_dir).glob(f"{CLOCK_SAMPLES_TABLE}-*{SHARD_SUFFIX}")):
+        try:
+            t = pq.read_table(shard, columns=["host_id", "direction", *_FLOW_SEQ, "ts_ns"])
+        except (OSError, ValueError, pa.ArrowException):
+            continue   # a shard the agent could not finish: fewer samples, the estimate says how many
+        parts.append(t.to_pandas())
+    if not parts:
+        return None
+    df = pd.concat(parts, ignore_index=True)
+    # one run dir is one host (reports.load leaves other hosts' rows out the same way)
+    return df[(df["host_id"] == host_id) & df["ts_ns"].notna()]
+
+
+def segment_samples(run_dirs: list[tuple[str, Path]]) -> pd.DataFrame:
+    """One-way samples (as one_way_samples) from the `clock_samples` tables of the
+    run dirs ((host id, path) each): a segment's driver handoff on one host paired
+    with its arrival on another, by flow and seq. The sender leaves re-sends out;
+    a segment that arrived twice keeps its first arrival (still after the first
+    departure: a valid bound, if a loose one)."""
+    frames = [f for f in (_read_clock_samples(p, h) for h, p in run_dirs) if f is not None and len(f)]
+    if not frames:
+        return pd.DataFrame({"tx_host": pd.Series(dtype=object), "rx_host": pd.Series(dtype=object),
+                             "t_out": pd.Series(dtype=np.int64), "t_in": pd.Series(dtype=np.int64)})
+    df = pd.concat(frames, ignore_index=True)
+    tx = df[df["direction"] == "tx"].drop_duplicates(_FLOW_SEQ, keep=False)   # the same seq twice: ambiguous
+    rx = df[df["direction"] == "rx"].sort_values("ts_ns").drop_duplicates(_FLOW_SEQ, keep="first")
+    m = tx.merge(rx, on=_FLOW_SEQ, suffixes=("_tx", "_rx"))
+    m = m[m["host_id_tx"] != m["host_id_rx"]]
+    return pd.DataFrame({"tx_host": m["host_id_tx"].to_numpy(object), "rx_host": m["host_id_rx"].to_numpy(object),
+                         "t_out": m["ts_ns_tx"].to_numpy(np.int64), "t_in": m["ts_ns_rx"].to_numpy(np.int64)})
+
+
+def traffic_samples(msgs: pd.DataFrame, run_dirs: list[tuple[str, Path]]) -> pd.DataFrame:
+    """Every one-way sample the traffic gives: per message (one_way_samples) and per
+    burst-starting segment (segment_samples). Both are valid bounds; only the
+    minimum-delay ones bind."""
+    per_msg = one_way_samples(msgs)
+    per_seg = segment_samples(run_dirs)
+    if not len(per_seg):
+        return per_msg
+    return pd.concat([per_msg.astype({"tx_host": object, "rx_host": object}), per_seg], ignore_index=True)
 
 
 # ---------------------------------------------------------------- fit

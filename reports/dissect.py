@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from reports import components as C
-from reports.clocks import ClockModel, clock_models, one_way_samples
+from reports.clocks import ClockModel, clock_models, traffic_samples
 from reports.load import Loaded, load, release_memory
 from reports.pairing import EndStats, RequestStats, pair_ends, pair_requests
 
@@ -66,7 +66,7 @@ def dissect_loaded(loaded: Loaded, force_estimate: bool = False) -> Dissection:
     msgs, end_stats = pair_ends(messages)
     del messages
     release_memory()   # each step's garbage off the next one's peak (see there)
-    samples = one_way_samples(msgs)
+    samples = traffic_samples(msgs, [(h.host_id, h.path) for h in loaded.hosts])
     req, rstats = pair_requests(msgs)
     del msgs
     release_memory()
