@@ -47,9 +47,11 @@ CALLS_KEPT_BYTES = 4 << 20
 HINT_INTERVAL_NS = 20_000_000
 
 _SEND_CALLS = frozenset(c.value for c in SockCall if c.is_send)
+_ISN_FLAGS = SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED
 # struct sockcall_event up to payload[] (checked against the ctypes mirror below)
 _HEAD = struct.Struct("<QQQQqIIIIIIII16s16sHHHHBB6x16s")
 assert _HEAD.size == SockcallEvent.payload.offset, "decode._HEAD does not match SockcallEvent"
+_HEAD_SIZE = _HEAD.size
 
 
 @dataclass(slots=True)
@@ -132,13 +134,9 @@ def _call(h, view: list, ends: dict) -> Call:
         if len(_comm_cache) >= 65536:
             _comm_cache.clear()
         name = _comm_cache[comm] = comm.split(b"\0", 1)[0].decode(errors="replace")
-    return Call(
-        tx=call in _SEND_CALLS, tgid=tgid, tid=tid, comm=name,
-        netns_ino=netns, sk=sk, enter_ts_ns=enter, exit_ts_ns=exit_, family=family,
-        local=ends_of[0], remote=ends_of[1],
-        isn_local=isn_l, isn_remote=isn_r,
-        isn_known=bool(flags & (SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED)),
-        seq_start=seq_start, seq_bytes=(seq_end - seq_start) & MASK32, view=view, ends=ends)
+    # positional: keyword arguments cost ~1 us per call here
+    return Call(call in _SEND_CALLS, tgid, tid, name, netns, sk, enter, exit_, family, ends_of[0], ends_of[1],
+                isn_l, isn_r, bool(flags & _ISN_FLAGS), seq_start, (seq_end - seq_start) & MASK32, view, ends)
 
 
 def _moved(h) -> int:
@@ -170,32 +168,43 @@ NS_RX_F_NETIF, NS_RX_F_NIC, NS_RX_F_DATA_READY, NS_RX_F_NO_NAPI = 0x1, 0x2, 0x4,
 NS_RX_F_NETIF_OVERWRITTEN, NS_RX_F_NETIF_MISSING = 0x10, 0x20
 NS_RX_F_DR_MISSING, NS_RX_F_UNTRACKED, NS_RX_F_NOT_LOADED = 0x80, 0x200, 0x8000
 _RX_TIMES = struct.Struct("<QQQII")    # struct ns_rx_times: nic, netif, data_ready, rcv_nxt, flags
+_RX_TIMES_SIZE = _RX_TIMES.size
 _ITEM_SCHED, _ITEM_WINDOW = 7, 8       # enum sockcall_item_kind (probes/events.h); checked by the unit tests
 
 
 def rx_stages(nic: int, netif: int, dr: int, flags: int) -> dict:
     """Receive-side stage times of one message end, with the reason for each missing one."""
-    out: dict = {}
-
-    def put(col, have, ts, why):
-        out[col] = ts if have and ts else None
-        if out[col] is None:
-            out[col + ":null"] = why
-
     if flags & NS_RX_F_NOT_LOADED:
         why = "netstack probe not loaded"
-        put("ts_nic_rx_last_ns", False, 0, why)
-        put("ts_netif_rx_last_ns", False, 0, why)
-        put("ts_data_ready_ns", False, 0, why)
-        return out
-    seg = ("segment record overwritten in the flow ring" if flags & NS_RX_F_NETIF_OVERWRITTEN else
-           "socket not tracked before this call" if flags & NS_RX_F_UNTRACKED else
-           "no record of the segment")
-    put("ts_nic_rx_last_ns", flags & NS_RX_F_NIC, nic,
-        "no arrival record (NAPI or netif_rx) for the segment: no NIC time" if flags & NS_RX_F_NO_NAPI else seg)
-    put("ts_netif_rx_last_ns", flags & NS_RX_F_NETIF, netif, seg)
-    put("ts_data_ready_ns", flags & NS_RX_F_DATA_READY, dr, "no data-ready on record for this end")
+        return {"ts_nic_rx_last_ns": None, "ts_nic_rx_last_ns:null": why,
+                "ts_netif_rx_last_ns": None, "ts_netif_rx_last_ns:null": why,
+                "ts_data_ready_ns": None, "ts_data_ready_ns:null": why}
+    out: dict = {}
+    seg = None
+    if flags & NS_RX_F_NIC and nic:
+        out["ts_nic_rx_last_ns"] = nic
+    else:
+        out["ts_nic_rx_last_ns"] = None
+        seg = _rx_segment_reason(flags)
+        out["ts_nic_rx_last_ns:null"] = (
+            "no arrival record (NAPI or netif_rx) for the segment: no NIC time" if flags & NS_RX_F_NO_NAPI else seg)
+    if flags & NS_RX_F_NETIF and netif:
+        out["ts_netif_rx_last_ns"] = netif
+    else:
+        out["ts_netif_rx_last_ns"] = None
+        out["ts_netif_rx_last_ns:null"] = seg or _rx_segment_reason(flags)
+    if flags & NS_RX_F_DATA_READY and dr:
+        out["ts_data_ready_ns"] = dr
+    else:
+        out["ts_data_ready_ns"] = None
+        out["ts_data_ready_ns:null"] = "no data-ready on record for this end"
     return out
+
+
+def _rx_segment_reason(flags: int) -> str:
+    return ("segment record overwritten in the flow ring" if flags & NS_RX_F_NETIF_OVERWRITTEN else
+            "socket not tracked before this call" if flags & NS_RX_F_UNTRACKED else
+            "no record of the segment")
 
 
 class Skip(int):
@@ -213,9 +222,10 @@ _ITEM = struct.Struct("<BBHI")            # kind, what, len, call_off
 _KEYS = struct.Struct("<IBBHQ")           # scanned_bytes, level, count, pad, mask
 _IT_BYTES, _IT_WALK_START, _IT_WALK_END, _IT_MSG_END, _IT_KEYS, _IT_RX_TIMES = 1, 2, 3, 4, 5, 6
 _IT_HUNTED = 9
-_FIXED_LEN = {_IT_WALK_START: 8, _IT_WALK_END: 8, _IT_MSG_END: 16, _IT_HUNTED: 8}
-_ITEM_KINDS = frozenset(range(1, 10))
+# per kind (the index): its fixed body length, None when it varies, -1: not a kind
+_FIXED_LEN = (-1, None, 8, 8, 16, None, None, None, None, 8)
 _WALK_HOWS = {_IT_WALK_START: frozenset(range(1, 5)), _IT_WALK_END: frozenset(range(1, 11))}
+_START_HOWS, _END_HOWS = _WALK_HOWS[_IT_WALK_START], _WALK_HOWS[_IT_WALK_END]
 _CALLS = frozenset(c.value for c in SockCall)
 _PAYLOAD_MAX = SockcallEvent.payload.size
 _F_CONTINUED = 0x08
@@ -224,6 +234,7 @@ _F_CONTINUED = 0x08
 def _items(raw: bytes, at: int, n: int) -> list:
     """payload[] -> [(kind, call_off, body)], validated as probes.events.decode_items does."""
     out = []
+    append = out.append
     end = at + n
     unpack = _ITEM.unpack_from
     while at < end:
@@ -231,30 +242,41 @@ def _items(raw: bytes, at: int, n: int) -> list:
             raise ValueError(f"sockcall item header cut at payload byte {at - _HEAD.size} of {n}")
         kind, _what, ln, off = unpack(raw, at)
         at += 8
-        if kind not in _ITEM_KINDS:
+        fixed = _FIXED_LEN[kind] if kind < 10 else -1
+        if fixed == -1:
             raise ValueError(f"sockcall item of unknown kind {kind}")
         if at + ln > end:
             raise ValueError(f"sockcall item claims {ln} bytes, {end - at} left")
-        fixed = _FIXED_LEN.get(kind)
         if fixed is not None and ln != fixed:
             raise ValueError(f"sockcall item of kind {kind} and {ln} bytes, expected {fixed}")
-        out.append((kind, off, raw[at:at + ln]))
+        append((kind, off, raw[at:at + ln]))
         at += ln
     return out
 
 
-def _walked_view(items: list, total: int) -> tuple[list, list]:
-    """(stream view from call offset 0, walked ranges) of a call's items: the same as
-    probes.sockcalls.WalkedCall.stream_view(0) / walked_ranges(), Gap as int, Skip as Skip."""
+def _walked_view(items: list, total: int) -> tuple:
+    """(stream view from call offset 0, walked ranges, ends, rx times, sched bodies, window)
+    of a call's items, in one pass. The view and ranges are the same as
+    probes.sockcalls.WalkedCall.stream_view(0) / walked_ranges(), Gap as int, Skip as
+    Skip; ends: {offset: {}} per message end; rx times: {offset: struct ns_rx_times}."""
     pieces = []
     ranges = []
     hunted = []
     start = None
+    ends: dict = {}
+    times = None
+    sched = None
+    window = None
     for kind, off, body in items:
         if kind == _IT_BYTES:
             pieces.append((off, body))
-        elif kind == _IT_HUNTED:
-            hunted.append((off, off + int.from_bytes(body[:4], "little")))
+        elif kind == _IT_MSG_END:
+            if off not in ends:
+                ends[off] = {}
+        elif kind == _IT_WALK_START:
+            if body[4] not in _START_HOWS:
+                raise ValueError(f"sockcall walk mark of unknown reason {body[4]}")
+            start = off
         elif kind == _IT_KEYS:
             if len(body) < _KEYS.size:
                 raise ValueError(f"sockcall KEYS item of {len(body)} bytes")
@@ -271,14 +293,24 @@ def _walked_view(items: list, total: int) -> tuple[list, list]:
                 pieces.append((off + 8 * (low.bit_length() - 1), body[at:at + 8]))
                 mask ^= low
                 at += 8
-        elif kind == _IT_WALK_START or kind == _IT_WALK_END:
-            if body[4] not in _WALK_HOWS[kind]:
+        elif kind == _IT_RX_TIMES:
+            if times is None:
+                times = {}
+            times[off] = body
+        elif kind == _ITEM_SCHED:
+            if sched is None:
+                sched = []
+            sched.append(body)
+        elif kind == _ITEM_WINDOW:
+            window = body
+        elif kind == _IT_WALK_END:
+            if body[4] not in _END_HOWS:
                 raise ValueError(f"sockcall walk mark of unknown reason {body[4]}")
-            if kind == _IT_WALK_START:
-                start = off
-            elif start is not None:
+            if start is not None:
                 ranges.append((start, off))
                 start = None
+        elif kind == _IT_HUNTED:
+            hunted.append((off, off + int.from_bytes(body[:4], "little")))
     if start is not None and start < total:
         ranges.append((start, total))
     walked = [(a, b) for a, b in ranges if b > a]
@@ -286,22 +318,24 @@ def _walked_view(items: list, total: int) -> tuple[list, list]:
         pieces.sort(key=_first)
     out: list = []
     if len(walked) == 1 and walked[0] == (0, total):
-        # the common case, the walker followed the whole call: all it did not copy is Skip
+        # the common case, the walker followed the whole call: all it did not copy is
+        # Skip; a piece right after the last one is joined to it
         at = 0
         for off, data in pieces:
-            if off < at or off + len(data) > total:
+            end = off + len(data)
+            if off < at or end > total:
                 raise ValueError(f"sockcall pieces overlap or overrun the call at offset {off}")
-            if off > at:
-                out.append((at, Skip(off - at)))
-                out.append((off, data))
-            elif out and type(out[-1][1]) is bytes and out[-1][0] + len(out[-1][1]) == off:
-                out[-1] = (out[-1][0], out[-1][1] + data)
+            if off == at and out:
+                o, d = out[-1]
+                out[-1] = (o, d + data)
             else:
+                if off > at:
+                    out.append((at, Skip(off - at)))
                 out.append((off, data))
-            at = off + len(data)
+            at = end
         if at < total:
             out.append((at, Skip(total - at)))
-        return out, walked
+        return out, walked, ends, times, sched, window
 
     def uncaptured(a: int, b: int) -> None:
         # [a, b) holds no captured bytes: Skip where walked, Gap elsewhere
@@ -337,7 +371,7 @@ def _walked_view(items: list, total: int) -> tuple[list, list]:
             out.append((off, data))
         at = off + len(data)
     uncaptured(at, total)
-    return out, walked
+    return out, walked, ends, times, sched, window
 
 
 def _first(p):
@@ -366,13 +400,13 @@ class SockcallAssembler:
         pb = h[18]
         if h[19] not in _CALLS:
             raise ValueError(f"sockcall record has unknown call {h[19]}")
-        if pb > _PAYLOAD_MAX or _HEAD.size + pb > len(raw):
-            raise ValueError(f"sockcall record claims {pb} payload bytes but carries {len(raw) - _HEAD.size}")
+        if pb > _PAYLOAD_MAX or _HEAD_SIZE + pb > len(raw):
+            raise ValueError(f"sockcall record claims {pb} payload bytes but carries {len(raw) - _HEAD_SIZE}")
         tid = h[6]
-        opened = self._open.pop(tid, None)
+        opened = self._open.pop(tid, None) if self._open else None
         if opened is not None and (opened[0], opened[1]) != (h[0], h[2]):
             opened = None  # the rest of that call was lost (ring full): drop it
-        items = _items(raw, _HEAD.size, pb)
+        items = _items(raw, _HEAD_SIZE, pb)
         if opened is not None:
             first, items = opened[2], opened[3] + items
         else:
@@ -385,28 +419,17 @@ class SockcallAssembler:
         total = ret if ret > 0 and (moved == ret or (moved == ret + 1 and first[19] not in _SEND_CALLS)) else 0
         if not total:
             return None
-        view, walked = _walked_view(items, total)
-        ends: dict = {}
-        times: dict = {}
-        sched = []
-        window = None
-        for kind, off, body in items:
-            if kind == _IT_MSG_END:
-                ends.setdefault(off, {})
-            elif kind == _IT_RX_TIMES:
-                times[off] = body
-            elif kind == _ITEM_SCHED:
-                sched.append(body)
-            elif kind == _ITEM_WINDOW:
-                window = body
-        for off, st in ends.items():
-            rx = times.get(off)
-            if rx is not None and len(rx) >= _RX_TIMES.size:
-                nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(rx)
-                st.update(rx_stages(nic, netif, dr, flags))
+        view, walked, ends, times, sched, window = _walked_view(items, total)
+        if times is not None:
+            for off, st in ends.items():
+                rx = times.get(off)
+                if rx is not None and len(rx) >= _RX_TIMES_SIZE:
+                    nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(rx)
+                    st.update(rx_stages(nic, netif, dr, flags))
         c = _call(h, view, ends)
-        for body in sched:
-            c.sched = self._sched.snapshot(c.tid, c.exit_ts_ns, body)
+        if sched is not None:
+            for body in sched:
+                c.sched = self._sched.snapshot(c.tid, c.exit_ts_ns, body)
         c.window = window
         # the walker was not following frames at the call's end: a sync hint may help
         # (why it stopped is in the probe's counters: desyncs, stream_gaps, walk_aborted)
@@ -559,13 +582,22 @@ class StreamDecoder:
         if end > flow.next_offset:
             self._keep_call(flow, c)
             for rel, x in c.view:
-                if isinstance(x, int):
+                if type(x) is bytes:
+                    if rel < skip:
+                        x = x[skip - rel:]
+                    if x:
+                        got = parser.feed(x)
+                        if got:
+                            out += got
+                elif isinstance(x, int):
                     n = x - max(0, skip - rel) if rel < skip else x
                     if n > 0:
                         # a Skip is inside a frame body: parsers/pslite has no skip() yet,
                         # and a gap there loses nothing (the parser walks the body anyway)
-                        out += (getattr(parser, "skip", parser.gap) if isinstance(x, Skip) else
-                                getattr(parser, "unparsed", parser.gap) if isinstance(x, Hunted) else parser.gap)(n)
+                        got = (getattr(parser, "skip", parser.gap) if isinstance(x, Skip) else
+                               getattr(parser, "unparsed", parser.gap) if isinstance(x, Hunted) else parser.gap)(n)
+                        if got:
+                            out += got
                 else:
                     if rel < skip:
                         x = x[skip - rel:]

@@ -112,8 +112,32 @@ class MetaInfo:
     nodes: tuple[NodeInfo, ...]
 
 
+# read_meta's results by frame bytes: one agent that traces several hosts (network
+# namespaces) sees each message's meta twice, sent and received. MetaInfo is not
+# changed by its users, so one object can serve both. Only small frames (data
+# messages' metas are tens of bytes; a hunt judges candidates up to 64 KiB long).
+META_CACHE_MAX = 4096
+META_CACHE_BODY_MAX = 512
+_meta_cache: dict[bytes, MetaInfo | None] = {}
+
+
 def read_meta(body) -> MetaInfo | None:
     """Decode a PBMeta frame body; None unless it is a plausible ps-lite meta."""
+    if len(body) > META_CACHE_BODY_MAX:
+        return _read_meta(body)
+    key = bytes(body)
+    got = _meta_cache.get(key, _MISSING)
+    if got is _MISSING:
+        if len(_meta_cache) >= META_CACHE_MAX:
+            _meta_cache.clear()
+        got = _meta_cache[key] = _read_meta(key)
+    return got
+
+
+_MISSING = object()
+
+
+def _read_meta(body) -> MetaInfo | None:
     try:
         m = PBMeta.FromString(body)
     except (DecodeError, ValueError, TypeError):
@@ -121,7 +145,7 @@ def read_meta(body) -> MetaInfo | None:
     has = m.HasField
     if not (has("request") and has("push")):
         return None
-    dts = tuple(m.data_type)
+    dts = tuple(m.data_type[:])   # a slice is a list: ~4 times faster than iterating the field
     if dts and (len(dts) > MAX_DATA_FRAMES or min(dts) < 0 or max(dts) > MAX_DATA_TYPE):
         return None
     # ids are int32 >= 0 in ps-lite (kEmpty is INT_MAX); a negative one is not a meta

@@ -41,6 +41,7 @@ from .zmtp import (CLEAR_MECHANISMS, FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_R
                    GREETING_BYTES, Greeting, greeting_prefix_ok, parse_command, parse_greeting)
 
 _U64_BE = struct.Struct(">Q")
+_KEYS_UNPACK: dict = {}   # n -> unpack_from of n little-endian keys (sampled whole)
 # Commands are small (READY carries a few properties); larger means garbage.
 COMMAND_MAX_BYTES = 65536
 # A keys frame split across chunks is buffered up to this size (512 keys) and sampled
@@ -150,6 +151,14 @@ class PsliteStreamParser(ResyncMixin):
         out = self._out = []
         if n_bytes > 0:
             self._gaps += n_bytes
+            if self._state == _SKIP and self._remaining >= n_bytes and not self._tentative:
+                # inside a data frame (the kernel's walker skipped its body): _on_gap's
+                # first case, without the work loop
+                self._remaining -= n_bytes
+                self.offset += n_bytes
+                if not self._remaining:
+                    self._frame_done(self.offset)
+                return out
             self._run([(_GAP, n_bytes)])
         return out
 
@@ -245,7 +254,7 @@ class PsliteStreamParser(ResyncMixin):
                 self._remaining = 0
                 self._frame_done(base + pos)
             elif st == _HEADER:
-                if self._hdr or n - pos < 9:
+                if self._hdr or (n - pos < 9 and (n - pos < 2 or mv[pos] & FLAG_LONG)):
                     # slow path: a header that may be split across chunks
                     hdr, pos = self._take_header(mv, pos)
                     if hdr is None:
@@ -451,7 +460,12 @@ class PsliteStreamParser(ResyncMixin):
     def _sample_of(self, buf, pos: int, n: int) -> tuple[int, ...]:
         """The sample of n keys at buf[pos:]: all of them if few, else by hash."""
         if n <= self.key_sample_max:
-            return tuple(sorted(struct.unpack_from("<%dQ" % n, buf, pos))) if n else ()
+            if not n:
+                return ()
+            unpack = _KEYS_UNPACK.get(n)
+            if unpack is None:
+                unpack = _KEYS_UNPACK[n] = struct.Struct("<%dQ" % n).unpack_from
+            return tuple(sorted(unpack(buf, pos)))
         return bottom_k(np.frombuffer(buf, "<u8", n, pos), self.key_sample_max)
 
     def _on_meta(self, body, end_abs: int):
