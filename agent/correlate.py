@@ -12,8 +12,26 @@ when both are known, and the keys frame's first keys consistent with the
 wire's key sample. A request sliced over several servers gives one group of
 records and one group of wire messages with the same ids; within a group a
 pair is taken only when it is the only possibility for both sides (after the
-group stopped growing), then the zmq socket that sent it is bound to that TCP
-connection, which settles the ambiguous groups of the same socket later.
+group stopped growing), then the zmq socket that sent it (with the routing peer,
+for a ROUTER) is bound to that TCP connection, which settles the ambiguous
+groups of the same socket later.
+
+Slices of one request differ in their keys, yet a wire message carries only a
+sample of its keys (the walker's, by hash: often none of the record's first
+keys, sometimes no key at all) and the slices of psbench's large requests have
+the same bytes. Where a group is still ambiguous, two facts of ps-lite's
+slicing narrow it (requests only, where ps-lite fixes the keys' order):
+- a request's keys are sorted and unique, so the record's first keys are its
+  smallest: a wire key below them, or between them and not one of them,
+  belongs to another slice;
+- each server owns one key range (Postoffice::GetServerKeyRanges): a sending
+  process's wire keys per server endpoint give that range's hull, and a record
+  whose first keys fall on the far side of another server's disjoint hull is
+  not bound for this one. Overlapping hulls (a custom slicer) say nothing.
+This matters after a reconnect: fresh zmq sockets are bound to nothing, and
+both slices of the next request used to stay unmatched (2 of 240 slices on a
+host, once in 5 runs). Then, if the settled group has as many records as wire
+messages and exactly one way to pair them all, that is taken.
 Unsettled after HOLD_NS: the row goes out without a framework time, and says why.
 
 Who. The sender of a ps-lite message is the DEALER's identity "ps<id>" (its
@@ -55,6 +73,7 @@ from parsers.pslite.keysample import key_hash
 from parsers.pslite.message import Kind, Op
 from parsers.pslite.meta import node_id_of_identity
 
+MAX_ELIMINATION = 6          # groups up to this size are searched for their only complete pairing
 SETTLE_NS = 50_000_000       # a group of same-id messages is complete this long after its last member
 # HOLD_NS (agent.netrows): a row waits at most this long for its framework record and its ids
 STEP_NS = 10_000_000         # matching runs every STEP_NS of event time
@@ -182,7 +201,10 @@ class Correlator:
         self._ready: list[Pending] = []
         self._waiting: list[Pending] = []              # rows waiting for their ids
         self._ids_seen = -1
-        self._bound: dict[tuple, str] = {}        # (layer, tgid, zmq socket) -> conn_id
+        self._bound: dict[tuple, str] = {}        # (layer, tgid, zmq socket, routing peer) -> conn_id
+        # (tgid, netns, server endpoint) -> [lowest, highest] key the process sent it
+        self._key_hull: dict[tuple, list[int]] = {}
+        self._hull_endpoints: dict[int, set] = defaultdict(set)   # tgid -> (netns, endpoint) with a hull
         self.fw_tgids: set[int] = set()            # processes whose framework records we saw
         self.counters = defaultdict(int)
         self.tx_times = TxTimes()
@@ -208,6 +230,8 @@ class Correlator:
             self._unkeyed.append(p)   # nothing to match a framework record by
             return
         p.key = (tgid, wm.tx, m.app_id, m.customer_id, m.timestamp, m.request)
+        if wm.tx and m.request and m.key_sample and m.kind is not Kind.CONTROL:
+            self._learn_keys(tgid, wm, min(m.key_sample), max(m.key_sample))
         self._wires[p.key].append(p)
         self._touch(p.key, p.added_ns)
 
@@ -313,6 +337,45 @@ class Correlator:
                     return False
         return True
 
+    def _learn_keys(self, tgid: int, wm: WireMessage, lo: int, hi: int) -> None:
+        end = (wm.conn.netns_ino, wm.conn.remote)
+        hull = self._key_hull.get((tgid, end))
+        if hull is None:
+            self._key_hull[(tgid, end)] = [lo, hi]
+            self._hull_endpoints[tgid].add(end)
+        else:
+            if lo < hull[0]:
+                hull[0] = lo
+            if hi > hull[1]:
+                hull[1] = hi
+
+    def _slice_fits(self, f: PendingFw, p: Pending) -> bool:
+        """ps-lite's slicing facts (module docstring): False when the record's first keys
+        cannot be those of p's slice. Asked only of groups with several members."""
+        heads = f.head_keys
+        m = p.wm.msg
+        if not heads or not m.request or m.kind is Kind.CONTROL or not p.wm.tx:
+            return True
+        first, last = heads[0], heads[-1]
+        if any(a >= b for a, b in zip(heads, heads[1:])):
+            return True   # not sorted and unique: not a ps-lite request's keys
+        for k in m.key_sample:
+            if k < first or (k <= last and k not in f.head_key_set):
+                return False
+        end = (p.wm.conn.netns_ino, p.wm.conn.remote)
+        own = self._key_hull.get((p.tgid, end))
+        if own is None:
+            return True
+        for other in self._hull_endpoints[p.tgid]:
+            if other == end:
+                continue
+            lo, hi = self._key_hull[(p.tgid, other)]
+            if lo > own[1] and last >= lo:      # the other range lies above this one
+                return False
+            if hi < own[0] and first <= hi:     # ... below it
+                return False
+        return True
+
     def _match_group(self, key: tuple, settled: bool) -> None:
         ws, fs = self._wires.get(key), self._fws.get(key)
         if not ws or not fs:
@@ -323,7 +386,7 @@ class Correlator:
                 self._pair(fs.pop(), ws.pop())
                 del self._wires[key], self._fws[key]
             return
-        bound_pass = False
+        bound_pass = eliminated = False
         known: dict[tuple, bool] = {}   # (f, p) -> compatible, while no id is learnt
         ids_version = self.ids.version
         while ws and fs:
@@ -336,13 +399,13 @@ class Correlator:
                 for p in ws:
                     ok = known.get((id(f), id(p)))
                     if ok is None:
-                        ok = known[(id(f), id(p))] = self._compatible(f, p)
+                        ok = known[(id(f), id(p))] = self._compatible(f, p) and self._slice_fits(f, p)
                     if ok:
                         fits.append(p)
                 compat[id(f)] = fits
             if bound_pass:
                 for f in fs:
-                    cid = self._bound.get((f.fm.layer, f.fm.tgid, f.fm.sock))
+                    cid = self._bound.get((f.fm.layer, f.fm.tgid, f.fm.sock, f.fm.peer))
                     if cid is not None:
                         narrowed = [p for p in compat[id(f)] if p.wm.conn.conn_id == cid]
                         if narrowed:
@@ -357,7 +420,11 @@ class Correlator:
                 if settled and not bound_pass:
                     bound_pass = True
                     continue
-                break
+                if settled and not eliminated and len(fs) == len(ws) <= MAX_ELIMINATION:
+                    eliminated = True
+                    pairs = _only_pairing(fs, compat)
+                if not pairs:
+                    break
             for f, p in pairs:
                 self._pair(f, p)
                 fs.remove(f)
@@ -370,7 +437,9 @@ class Correlator:
     def _pair(self, f: PendingFw, p: Pending) -> None:
         fm = f.fm
         p.fw[fm.layer] = fm
-        self._bound[(fm.layer, fm.tgid, fm.sock)] = p.wm.conn.conn_id
+        self._bound[(fm.layer, fm.tgid, fm.sock, fm.peer)] = p.wm.conn.conn_id
+        if p.wm.tx and p.wm.msg.request and f.head_keys and p.wm.msg.kind is not Kind.CONTROL:
+            self._learn_keys(p.tgid, p.wm, min(f.head_keys), max(f.head_keys))
         if fm.layer == "zmq" and fm.peer is not None and f.peer_id is not None and not p.wm.tx:
             self.ids.learn_sender(p.wm, f.peer_id)
         elif fm.layer == "ps" and f.peer_id is not None and not p.wm.tx:
@@ -554,6 +623,29 @@ class Correlator:
             if est is not None and est > ts_fw:
                 row["connect_wait_ns"] = est - ts_fw
         return row
+
+
+def _only_pairing(fs: list, compat: dict) -> list[tuple]:
+    """The pairs of the one way to give every record its own compatible wire message,
+    or [] when there is none or more than one (compat: id(record) -> candidates)."""
+    found: list[list[tuple]] = []
+    chosen: list[tuple] = []
+    used: set[int] = set()
+
+    def walk(i: int) -> None:
+        if i == len(fs):
+            found.append(list(chosen))
+            return
+        for p in compat[id(fs[i])]:
+            if id(p) not in used and len(found) < 2:
+                used.add(id(p))
+                chosen.append((fs[i], p))
+                walk(i + 1)
+                chosen.pop()
+                used.discard(id(p))
+
+    walk(0)
+    return found[0] if len(found) == 1 else []
 
 
 _STAGE_COLS = tuple(dict.fromkeys(list(TX_STAGE_COLUMNS.values()) + list(RX_STAGE_COLUMNS.values())))

@@ -29,12 +29,16 @@ class Rig:
                               netstack_on=netstack)
 
     def send(self, specs, *, local, remote=SERVER, tx=True, ts=10_000, tgid=100, identity=b"ps9",
-             handshake=True, sk=1, isns=(ISN_C, ISN_S), offset=0):
+             handshake=True, sk=1, isns=(ISN_C, ISN_S), offset=0, sample=None):
+        """sample: the key sample the walker took instead of the decoder's own (it hashes
+        a few keys of a large frame: often none of a record's first keys, or none at all)."""
         data, _ = encode_stream(specs, identity=identity, handshake=handshake)
         isn = isns[0] if tx else isns[1]
         r = record(tx, isn + 1 + offset, len(data), data[:256], ts=ts, tgid=tgid, local=local,
                    remote=remote, sk=sk, isns=isns)
         for wm in self.dec.feed(self.asm.feed(r)):
+            if sample is not None:
+                wm.msg.key_sample = tuple(sample)
             self.cor.on_message(wm)
 
     def fw(self, spec: MessageSpec, *, direction="send", ts=9_000, tgid=100, sock=0x51, peer=None):
@@ -203,3 +207,105 @@ def test_rows_carry_the_sub_component_inputs_of_their_last_call():
     assert rows["tx"]["cwnd_wait_ns"] == 14_000 - 10_500 and rows["tx"]["rwnd_wait_ns"] == 0
     assert rows["tx"]["qdisc_wait_ns"] == 200
     assert rows["rx"]["runq_wait_ns"] == 2_000 and rows["rx"]["busy_wait_ns"] == 30_500 - 24_000 - 2_000
+
+
+# A worker's request sliced over two servers, ps-lite's way: server S_LOW owns the low
+# half of the key space, S_HIGH the high half. Slices of 24 keys each: the same bytes.
+S_LOW, S_HIGH = ("10.0.0.2", 9000), ("10.0.0.4", 9000)
+LOW = [100 + 3 * i for i in range(24)]
+HIGH = [(1 << 63) + 5 * i for i in range(24)]
+
+
+class Worker:
+    """One worker process's DEALERs (zmq socket -> TCP connection) on a Rig."""
+
+    def __init__(self, rig: Rig):
+        self.rig = rig
+        self.sent: dict[int, int] = {}   # sk -> stream bytes so far
+
+    def connect(self, sk: int, server) -> None:
+        """A fresh connection: its own call with the greeting and READY."""
+        hs, _ = encode_stream([], identity=b"ps9", handshake=True)
+        self.rig.send([], local=("10.0.0.1", 40000 + sk), remote=server, sk=sk, isns=(ISN_C + sk, ISN_S))
+        self.sent[sk] = len(hs)
+
+    def request(self, ts: int, slices, at: int) -> dict:
+        """slices: (zmq socket, sk, server, keys, walker's key sample or None) per server.
+        The records come in the opposite order from the wire messages. Returns the
+        records' times by server address."""
+        fw_ns = {}
+        for i, (sock, _sk, server, keys, _sample) in enumerate(reversed(slices)):
+            fw_ns[server[0]] = at + 1_000 * i
+            self.rig.fw(slice_(ts, keys), sock=sock, ts=fw_ns[server[0]])
+        for sock, sk, server, keys, sample in slices:
+            data, _ = encode_stream([slice_(ts, keys)], identity=b"ps9", handshake=False)
+            self.rig.send([slice_(ts, keys)], local=("10.0.0.1", 40000 + sk), remote=server, handshake=False,
+                          offset=self.sent[sk], sk=sk, isns=(ISN_C + sk, ISN_S), ts=at + 5_000, sample=sample)
+            self.sent[sk] += len(data)
+        return fw_ns
+
+    def settle(self) -> None:
+        self.rig.cor.now_ns += 2 * correlate.SETTLE_NS
+        self.rig.cor.step()
+
+
+def _fw_times(rows, ts):
+    return {r["remote_ip"]: r["ts_framework_ns"] for r in rows if r["timestamp"] == ts}
+
+
+def test_fresh_sockets_after_a_reconnect_told_apart_by_the_servers_key_ranges():
+    """Issue 3's reconnect gap, as recorded (psbench, 1024 keys in two slices of the same
+    bytes, a reconnect every 10 requests): the first request on two fresh zmq sockets, bound
+    to no connection yet, whose walker samples hold none of the records' first keys. The
+    keys each server received before the reconnect tell the slices apart."""
+    rig = Rig()
+    w = Worker(rig)
+    w.connect(1, S_LOW)
+    w.connect(2, S_HIGH)
+    # before: slices of different sizes, matched by their bytes; the decoder's own samples
+    before = w.request(0, [(0xA, 1, S_LOW, LOW[:20], None), (0xB, 2, S_HIGH, HIGH, None)], at=1_000_000)
+    w.settle()
+    # reconnect: new DEALERs on new connections, the same servers
+    w.connect(3, S_LOW)
+    w.connect(4, S_HIGH)
+    after = w.request(1, [(0xC, 3, S_LOW, LOW, ()), (0xD, 4, S_HIGH, HIGH, ())], at=2 * correlate.SETTLE_NS + 2_000_000)
+    rows = rig.close()
+    assert _fw_times(rows, 0) == before
+    assert _fw_times(rows, 1) == after
+    assert rig.cor.counters["framework_unmatched"] == 0
+
+
+def test_fresh_sockets_without_history_by_key_order_and_the_only_complete_pairing():
+    """A job's first request (no server's keys known yet): the low slice's sample holds a
+    key below every key of the high slice's record, which therefore takes the other wire
+    message; the high slice's sample is empty. One complete pairing remains: taken."""
+    rig = Rig()
+    w = Worker(rig)
+    w.connect(1, S_LOW)
+    w.connect(2, S_HIGH)
+    # LOW[20]: of LOW the key with the lowest hash (the walker's sample of one); none of
+    # HIGH's first 8 keys hashes lower, so the sample alone does not rule the high record out
+    got = w.request(0, [(0xA, 1, S_LOW, LOW, (LOW[20],)), (0xB, 2, S_HIGH, HIGH, ())], at=1_000_000)
+    rows = rig.close()
+    assert _fw_times(rows, 0) == got
+    assert rig.cor.counters["framework_matched"] == 2
+
+
+def test_servers_whose_keys_interleave_teach_no_ranges():
+    """A custom slicer spreading keys over the servers: their hulls overlap, say nothing,
+    and two fresh sockets' slices of the same bytes stay unmatched, with the reason,
+    rather than be guessed."""
+    rig = Rig()
+    w = Worker(rig)
+    w.connect(1, S_LOW)
+    w.connect(2, S_HIGH)
+    odd, even = [10 * i + 5 for i in range(24)], [10 * i for i in range(1, 25)]
+    w.request(0, [(0xA, 1, S_LOW, odd[:20], None), (0xB, 2, S_HIGH, even, None)], at=1_000_000)
+    w.settle()
+    w.connect(3, S_LOW)
+    w.connect(4, S_HIGH)
+    w.request(1, [(0xC, 3, S_LOW, [k + 1 for k in odd], ()), (0xD, 4, S_HIGH, [k + 1 for k in even], ())],
+              at=2 * correlate.SETTLE_NS + 2_000_000)
+    rows = [r for r in rig.close() if r["timestamp"] == 1]
+    assert [r["ts_framework_ns"] for r in rows] == [None, None]
+    assert all("told apart" in r["null_reasons"] for r in rows)
