@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from agent.errors import UserError
+from agent.priority import check_nice
 
 
 def agent(
@@ -44,6 +45,9 @@ def agent(
     sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="trace this share R (0 < R <= 1) "
                                                 "of host pairs, fixed (default: all, fewer when the agent "
                                                 "cannot keep up)", rich_help_panel="Filters"),
+    nice: int = typer.Option(0, "--nice", help="run the agent at this nice value once attached (e.g. 10: "
+                             "the job's threads get saturated cores first; the agent sheds host pairs "
+                             "when it falls behind)"),
     ring_pages: Optional[int] = typer.Option(None, "--ring-pages", hidden=True,
                                              help="kernel ring buffers' size in pages (tests: flood the agent)"),
 ) -> None:
@@ -55,6 +59,7 @@ def agent(
     if sample_rate is not None and not 0 < sample_rate <= 1:
         raise UserError(f"--sample-rate {sample_rate:g}: give the share of host pairs to trace, 0 < R <= 1 "
                         "(e.g. 0.25), or leave it out to let the agent shed load when it must")
+    check_nice(nice)
     overrides = {} if ring_pages is None else {"SOCKCALLS_RING_PAGES": ring_pages, "NS_RING_PAGES": ring_pages}
     if listen is not None:
         from agent.http import parse_listen
@@ -72,7 +77,7 @@ def agent(
     run_live(AgentOptions(out=out, test_clock_skews=tuple(test_clock_skew), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
                           ports=tuple(port), host_id=host_id, duration_s=duration, record=record,
                           libs=tuple(lib), print_bpf=print_bpf, netstack=netstack, listen=listen,
-                          sample_rate=sample_rate, overrides=overrides))
+                          sample_rate=sample_rate, overrides=overrides, nice=nice))
     if not print_bpf:
         # Everything is written and closed: skip the interpreter's teardown (0.3-0.5 s
         # under load, of the 2 s a SIGTERM may take; the kernel closes what is left).

@@ -28,6 +28,7 @@ from agent.detach import Detacher
 from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, sockcall_format
 from agent.errors import UserError
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
+from agent.priority import Priority
 from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
 from agent.rundir import RunDirWriter
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
@@ -221,6 +222,7 @@ class AgentOptions:
     listen: str | None = None   # ADDR:PORT of the live HTTP endpoint (agent.http)
     test_clock_skews: tuple = ()  # HOST:OFFSET_US:DRIFT_PPM (agent.clockskew), for tests only
     sample_rate: float | None = None   # share of host pairs kept; None: adapted (agent.shedding)
+    nice: int = 0                      # the agent's threads' nice value once attached (agent.priority)
 
 
 def check_prerequisites() -> None:
@@ -314,6 +316,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         server = serve(o.listen, aggregates)
         log(f"serving live aggregates on http://{server.address}/metrics and /snapshot.json")
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    priority = Priority()
     try:
         attached_ns = time.monotonic_ns()   # no event is older: a valid first watermark
         live.start()
@@ -337,6 +340,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         from agent.shedding import Shedder, SheddingLoop
         shedding = SheddingLoop(Shedder(o.sample_rate, attached_ns), live.program.bpf,
                                 lambda note: sink(NOTE_PROBE, json.dumps(note).encode()), pipeline.sampling)
+        priority.lower(o.nice)
         log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
             f"{live.program.compile_s + live.program.attach_s:.1f} s); Ctrl-C to stop")
         deadline = time.monotonic() + o.duration_s if o.duration_s else None
@@ -370,9 +374,11 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
             pipeline.maybe_flush()
             if deadline is not None and now >= deadline:
                 stop["why"] = "duration"
+        priority.restore()
         _stop(live, pipeline, unread, log, STOP_DECODE_S if stop["why"] == "SIGTERM" else FINAL_DRAIN_S,
               lambda: stop.get("again", False))
     finally:
+        priority.restore()
         live.close()   # detach every probe before anything else can fail
         if server is not None:
             server.close()

@@ -354,12 +354,13 @@ def floor_hits(t: Tracer) -> dict:
 def agent_counters(out: Path) -> dict:
     """From the run dirs' meta.json: events seen and lost per probe (one agent: the
     same counters in every host's meta, so the max per probe), messages per host,
-    rows dropped and undecodable events."""
+    rows dropped, undecodable events and the host-pair sampling rate it ended at."""
     from agent.rundir import read_meta
 
     probes: dict[str, dict[str, int]] = {}
     messages: dict[str, int] = {}
     dropped = undecodable = 0
+    rates = []
     for d in sorted(p for p in Path(out).iterdir() if p.is_dir()):
         meta = read_meta(d)
         c = meta.get("counters", {})
@@ -369,8 +370,11 @@ def agent_counters(out: Path) -> dict:
                 cur[k] = max(cur.get(k, 0), int(pc.get(k, 0)))
         messages[meta.get("host_id", d.name)] = int(c.get("messages", 0))
         dropped += int(c.get("rows_dropped", 0))
+        sampling = meta.get("sampling")
+        rates.append(float(sampling.get("effective_rate", sampling.get("rate", 1.0))) if isinstance(sampling, dict)
+                     else 1.0)
         undecodable = max(undecodable, sum(int(v) for v in c.get("events_undecodable", {}).values()))
     return {"probes": probes, "lost": sum(p.get("lost", 0) for p in probes.values()),
             "seen": sum(p.get("seen", 0) for p in probes.values()),
             "messages": sum(messages.values()), "messages_by_host": messages,
-            "rows_dropped": dropped, "undecodable": undecodable}
+            "rows_dropped": dropped, "undecodable": undecodable, "sampling_rate": min(rates, default=1.0)}

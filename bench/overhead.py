@@ -15,6 +15,10 @@ Settings (2 servers x 4 workers, one host each):
   only counts hits on the agent's hooks. Target: our throughput loss within
   1.5x of the floor's.
 
+--variant-args "ARGS" adds a condition "variant": the agent with these extra
+options (e.g. "--nice 10"), measured in the same rounds, its ratios beside the
+default agent's.
+
 Each round runs every condition once, in an order rotated per round: a
 baseline (no tracer), the agent, a second baseline (A/A: its ratio to the
 first measures the noise with the same structure as with/without) and, in
@@ -29,11 +33,13 @@ Prints one line per run, a summary per setting, then one JSON line (last):
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from bench.common import (Tracer, aa_noise, agent_counters, agent_tracer, at_least, floor_hits, floor_tracer,
                           job_figures, json_line, median, order_of, positive, ratio, spread, verdict)
@@ -81,21 +87,24 @@ class Run:
     error: str | None = None
 
 
-def _tracer(condition: str, out: Path, hosts: list[str]) -> Tracer | None:
-    if condition == "agent":
-        return agent_tracer(out / "agent", hosts)
+AGENTS = ("agent", "variant")   # conditions that run pslat agent (variant: with --variant-args)
+
+
+def _tracer(condition: str, out: Path, hosts: list[str], variant_args: Sequence[str] = ()) -> Tracer | None:
+    if condition in AGENTS:
+        return agent_tracer(out / "agent", hosts, variant_args if condition == "variant" else ())
     if condition == "floor":
         return floor_tracer()
     return None
 
 
 def run_condition(cluster, s: Setting, rnd: int, condition: str, out: Path, duration_s: float,
-                  warmup_s: float) -> Run:
+                  warmup_s: float, variant_args: Sequence[str] = ()) -> Run:
     from workloads.psbench.launch import launch_in_cluster
 
     run = Run(s.name, rnd, condition)
     hosts = [h.name for h in cluster.hosts]
-    tracer = _tracer(condition, out, hosts)
+    tracer = _tracer(condition, out, hosts, variant_args)
     try:
         if tracer is not None:
             tracer.start()
@@ -108,9 +117,10 @@ def run_condition(cluster, s: Setting, rnd: int, condition: str, out: Path, dura
         if tracer is not None:
             run.tracer = {"cpu_s": tracer.cpu_s() - cpu0, "rss_mb": tracer.rss_mb()}
             tracer.stop()
-            if condition == "agent":
+            if condition in AGENTS:
                 c = agent_counters(out / "agent")
-                run.tracer.update(lost=c["lost"], messages=c["messages"], rows_dropped=c["rows_dropped"])
+                run.tracer.update(lost=c["lost"], messages=c["messages"], rows_dropped=c["rows_dropped"],
+                                  sampling=c["sampling_rate"])
             else:
                 run.tracer.update(hits=floor_hits(tracer).get("hits_total"))
     except Exception as e:   # one failed run must not lose the others: counted and said
@@ -130,7 +140,7 @@ def describe(run: Run) -> str:
     t = run.tracer
     if "lost" in t:
         parts.append(f"agent {t['cpu_s']:.1f} CPU s, {t['rss_mb']:.0f} MB, {t['messages']:,} messages, "
-                     f"{t['lost']:,} events lost")
+                     f"{t['lost']:,} events lost, sampling {t.get('sampling', 1.0):.3g}")
     elif "hits" in t:
         parts.append(f"floor {t['hits']:,} hits")
     return f"{head} " + "; ".join(parts)
@@ -179,6 +189,14 @@ def summarize(s: Setting, runs: list[Run]) -> dict:
     base_runs = [r for r in runs if r.condition == "baseline" and not r.error]
     out["baseline_slices_per_s"] = median(_metric(r, tput_job, "slices_per_s") for r in base_runs)
     out["baseline_p99_us"] = median(_metric(r, lat_job, "p99_us") for r in base_runs)
+    out["agent_sampling"] = median(r.tracer.get("sampling") for r in agent_runs)
+    if any(r.condition == "variant" for r in runs):
+        v_runs = [r for r in runs if r.condition == "variant" and not r.error]
+        out["variant"] = {"throughput_ratio": median(pair_ratios(runs, "variant", tput_job, "slices_per_s")),
+                          "p99_ratio": median(pair_ratios(runs, "variant", lat_job, "p99_us")),
+                          "cpu_s": median(r.tracer.get("cpu_s") for r in v_runs),
+                          "sampling": median(r.tracer.get("sampling") for r in v_runs),
+                          "lost_events": [r.tracer.get("lost") for r in v_runs]}
     if "floor" in s.conditions:
         fl = pair_ratios(runs, "floor", tput_job, "slices_per_s")
         out["floor_throughput_ratio"] = median(fl)
@@ -204,7 +222,7 @@ def _f(x: float | None, fmt: str = "{:.3f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
-def summary_lines(name: str, s: dict, rate: float) -> list[str]:
+def summary_lines(name: str, s: dict, rate: float, variant_args: str = "") -> list[str]:
     sp = s["throughput_ratios"]
     lines = [f"{name}: {s['rounds']} rounds, {s['failed_runs']} failed runs; baseline "
              f"{_f(s['baseline_slices_per_s'], '{:,.0f}')} slices/s, p99 {_f(s['baseline_p99_us'], '{:,.0f}')} us",
@@ -225,6 +243,11 @@ def summary_lines(name: str, s: dict, rate: float) -> list[str]:
                      f"(target <= {TARGETS['floor_loss_factor']}): {s['verdict']}")
     lines.append(f"  agent per run: median {_f(s['agent_cpu_s'], '{:.1f}')} CPU s, {_f(s['agent_rss_mb'], '{:.0f}')} MB "
                  f"RSS; events lost per run {s['agent_lost_events']}")
+    v = s.get("variant")
+    if v:
+        lines.append(f"  variant agent ({variant_args}): throughput ratio {_f(v['throughput_ratio'])}, p99 ratio "
+                     f"{_f(v['p99_ratio'])}; {_f(v['cpu_s'], '{:.1f}')} CPU s, sampling {_f(v['sampling'], '{:.3g}')}, "
+                     f"events lost per run {v['lost_events']}")
     if s["agent_runs_with_loss"]:
         lines.append(f"  NOTE: the agent lost events in {s['agent_runs_with_loss']} of {len(s['agent_lost_events'])} "
                      "runs, so it skipped part of its work there: its ratios flatter it")
@@ -245,6 +268,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="production open loop: requests/s per worker [%(default)s]")
     ap.add_argument("--small-keys", type=at_least(1), default=4, help="worst: keys per request [%(default)s]")
     ap.add_argument("--small-dim", type=at_least(1), default=2, help="worst: values per key [%(default)s]")
+    ap.add_argument("--variant-args", default="",
+                    help='also run the agent with these extra options as condition "variant" (e.g. "--nice 10")')
     a = ap.parse_args(argv)
     names = [x.strip() for x in a.settings.split(",") if x.strip()]
     known = settings(a.rate, a.small_keys, a.small_dim)
@@ -254,6 +279,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 <= a.warmup_s < a.duration_s:
         ap.error(f"--warmup-s {a.warmup_s:g}: give 0 <= warm-up < --duration-s ({a.duration_s:g})")
     a.settings = names
+    a.variant = shlex.split(a.variant_args)
     return a
 
 
@@ -274,19 +300,19 @@ def main(argv: list[str] | None = None) -> int:
             with Cluster(HOSTS, wire_delay_ms=s.wire_delay_ms, wait_s=CLUSTER_WAIT_S,
                          log_dir=Path(tmp) / "wire") as cluster:
                 for rnd in range(a.pairs):
-                    for cond in order_of(rnd, s.conditions):
+                    for cond in order_of(rnd, s.conditions + (("variant",) if a.variant else ())):
                         out = Path(tmp) / f"r{rnd}-{cond}"
-                        run = run_condition(cluster, s, rnd, cond, out, a.duration_s, a.warmup_s)
+                        run = run_condition(cluster, s, rnd, cond, out, a.duration_s, a.warmup_s, a.variant)
                         print(describe(run), flush=True)
                         runs.append(run)
         results[name] = summarize(s, runs)
         all_runs += runs
-        for line in summary_lines(name, results[name], a.rate):
+        for line in summary_lines(name, results[name], a.rate, a.variant_args):
             print(line, flush=True)
     results["config"] = {"servers": SERVERS, "workers": WORKERS, "pairs": a.pairs, "duration_s": a.duration_s,
                          "warmup_s": a.warmup_s, "rate_per_worker": a.rate, "small_keys": a.small_keys,
                          "small_dim": a.small_dim, "elapsed_s": round(time.monotonic() - t_start, 1),
-                         "targets": TARGETS}
+                         "targets": TARGETS, "variant_args": a.variant}
     results["runs"] = [{"setting": r.setting, "round": r.round, "condition": r.condition, "error": r.error,
                         "jobs": r.jobs, "tracer": r.tracer} for r in all_runs]
     print(json_line(results), flush=True)
