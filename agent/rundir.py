@@ -103,7 +103,7 @@ class RunDirWriter:
             if schema is not None:
                 # into Arrow now, a batch at a time: thousands of row dicts held until the
                 # shard closes were walked by every garbage collection (~4x the memory too)
-                self._batches.setdefault(table, []).append(pa.RecordBatch.from_pylist(rows, schema=schema))
+                self._batches.setdefault(table, []).append(_batch(rows, schema))
                 self._rows[table] = []
 
     def maybe_flush(self) -> None:
@@ -121,7 +121,7 @@ class RunDirWriter:
             schema = self._schemas.get(table)
             if batches:
                 if rows:
-                    batches.append(pa.RecordBatch.from_pylist(rows, schema=schema))
+                    batches.append(_batch(rows, schema))
                 tbl = pa.Table.from_batches(batches, schema=schema)
             else:
                 tbl = pa.Table.from_pylist(rows, schema=schema)
@@ -169,6 +169,14 @@ class RunDirWriter:
     def close(self) -> None:
         self.meta["closed"] = True
         self.flush()
+
+
+def _batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
+    """Rows -> a batch of this schema (a key a row lacks is null), as RecordBatch.from_pylist
+    gives it; through a struct array, the rows' dicts are read in C++ (~12% faster)."""
+    if schema.metadata:
+        return pa.RecordBatch.from_pylist(rows, schema=schema)
+    return pa.RecordBatch.from_struct_array(pa.array(rows, type=pa.struct(list(schema))))
 
 
 def _why(e: OSError) -> str:
