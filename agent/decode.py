@@ -254,11 +254,12 @@ def _items(raw: bytes, at: int, n: int) -> list:
     return out
 
 
-def _walked_view(items: list, total: int) -> tuple:
+def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
     """(stream view from call offset 0, walked ranges, ends, rx times, sched bodies, window)
-    of a call's items, in one pass. The view and ranges are the same as
-    probes.sockcalls.WalkedCall.stream_view(0) / walked_ranges(), Gap as int, Skip as
-    Skip; ends: {offset: {}} per message end; rx times: {offset: struct ns_rx_times}."""
+    of the items in buf[at:end] (validated as _items does, and read in the same pass).
+    The view and ranges are the same as probes.sockcalls.WalkedCall.stream_view(0) /
+    walked_ranges(), Gap as int, Skip as Skip; ends: {offset: {}} per message end; rx
+    times: {offset: struct ns_rx_times}."""
     pieces = []
     ranges = []
     hunted = []
@@ -267,50 +268,65 @@ def _walked_view(items: list, total: int) -> tuple:
     times = None
     sched = None
     window = None
-    for kind, off, body in items:
+    unpack = _ITEM.unpack_from
+    n = end - at
+    while at < end:
+        if end - at < 8:
+            raise ValueError(f"sockcall item header cut at payload byte {n - (end - at)} of {n}")
+        kind, _what, ln, off = unpack(buf, at)
+        at += 8
+        fixed = _FIXED_LEN[kind] if kind < 10 else -1
+        if fixed == -1:
+            raise ValueError(f"sockcall item of unknown kind {kind}")
+        nxt = at + ln
+        if nxt > end:
+            raise ValueError(f"sockcall item claims {ln} bytes, {end - at} left")
+        if fixed is not None and ln != fixed:
+            raise ValueError(f"sockcall item of kind {kind} and {ln} bytes, expected {fixed}")
         if kind == _IT_BYTES:
-            pieces.append((off, body))
+            pieces.append((off, buf[at:nxt]))
         elif kind == _IT_MSG_END:
             if off not in ends:
                 ends[off] = {}
         elif kind == _IT_WALK_START:
-            if body[4] not in _START_HOWS:
-                raise ValueError(f"sockcall walk mark of unknown reason {body[4]}")
+            if buf[at + 4] not in _START_HOWS:
+                raise ValueError(f"sockcall walk mark of unknown reason {buf[at + 4]}")
             start = off
         elif kind == _IT_KEYS:
-            if len(body) < _KEYS.size:
-                raise ValueError(f"sockcall KEYS item of {len(body)} bytes")
-            _scanned, _level, count, _pad, mask = _KEYS.unpack_from(body)
-            if len(body) != _KEYS.size + 8 * count:
-                raise ValueError(f"sockcall KEYS item of {len(body)} bytes for {count} keys")
-            at = _KEYS.size
+            if ln < _KEYS.size:
+                raise ValueError(f"sockcall KEYS item of {ln} bytes")
+            _scanned, _level, count, _pad, mask = _KEYS.unpack_from(buf, at)
+            if ln != _KEYS.size + 8 * count:
+                raise ValueError(f"sockcall KEYS item of {ln} bytes for {count} keys")
+            k = at + _KEYS.size
             if count and mask & ((1 << count) - 1) == (1 << count) - 1:
                 # the first `count` keys, all sampled (a frame of few keys): one piece
-                pieces.append((off, body[at:]))
-                continue
-            while mask and at < len(body):   # the k-th key at the k-th set bit's offset
-                low = mask & -mask
-                pieces.append((off + 8 * (low.bit_length() - 1), body[at:at + 8]))
-                mask ^= low
-                at += 8
+                pieces.append((off, buf[k:nxt]))
+            else:
+                while mask and k < nxt:   # the k-th key at the k-th set bit's offset
+                    low = mask & -mask
+                    pieces.append((off + 8 * (low.bit_length() - 1), buf[k:k + 8]))
+                    mask ^= low
+                    k += 8
         elif kind == _IT_RX_TIMES:
             if times is None:
                 times = {}
-            times[off] = body
+            times[off] = buf[at:nxt]
         elif kind == _ITEM_SCHED:
             if sched is None:
                 sched = []
-            sched.append(body)
+            sched.append(buf[at:nxt])
         elif kind == _ITEM_WINDOW:
-            window = body
+            window = buf[at:nxt]
         elif kind == _IT_WALK_END:
-            if body[4] not in _END_HOWS:
-                raise ValueError(f"sockcall walk mark of unknown reason {body[4]}")
+            if buf[at + 4] not in _END_HOWS:
+                raise ValueError(f"sockcall walk mark of unknown reason {buf[at + 4]}")
             if start is not None:
                 ranges.append((start, off))
                 start = None
         elif kind == _IT_HUNTED:
-            hunted.append((off, off + int.from_bytes(body[:4], "little")))
+            hunted.append((off, off + int.from_bytes(buf[at:at + 4], "little")))
+        at = nxt
     if start is not None and start < total:
         ranges.append((start, total))
     walked = [(a, b) for a, b in ranges if b > a]
@@ -388,7 +404,7 @@ class SockcallAssembler:
         if fmt not in ("prefix", "items"):
             raise ValueError(f"unknown sockcall format {fmt!r}")
         self.format = fmt
-        self._open: dict[int, tuple] = {}   # tid -> (enter ts, sk, first header, items)
+        self._open: dict[int, tuple] = {}   # tid -> (enter ts, sk, first header, payloads so far)
         if fmt == "items":
             from agent.netrows import SchedHistory
             self._sched = SchedHistory()
@@ -406,20 +422,30 @@ class SockcallAssembler:
         opened = self._open.pop(tid, None) if self._open else None
         if opened is not None and (opened[0], opened[1]) != (h[0], h[2]):
             opened = None  # the rest of that call was lost (ring full): drop it
-        items = _items(raw, _HEAD_SIZE, pb)
-        if opened is not None:
-            first, items = opened[2], opened[3] + items
+        continued = h[20] & _F_CONTINUED
+        if opened is not None or continued:
+            # a call over several records: each one's items checked as it comes, all of
+            # them read together at the last (call offsets: payloads join end to end)
+            _items(raw, _HEAD_SIZE, pb)
+            payload = raw[_HEAD_SIZE:_HEAD_SIZE + pb]
+            if opened is not None:
+                first, payload = opened[2], opened[3] + payload
+            else:
+                first = h
+            if continued:
+                self._open[tid] = (h[0], h[2], first, payload)
+                return None
+            buf, at, end = payload, 0, len(payload)
         else:
-            first = h
-        if h[20] & _F_CONTINUED:
-            self._open[tid] = (h[0], h[2], first, items)
-            return None
+            first, buf, at, end = h, raw, _HEAD_SIZE, _HEAD_SIZE + pb
         ret = first[4]
         moved = (first[10] - first[9]) & MASK32   # a receive that reached the FIN: its seq too
         total = ret if ret > 0 and (moved == ret or (moved == ret + 1 and first[19] not in _SEND_CALLS)) else 0
         if not total:
+            if buf is raw:
+                _items(raw, at, pb)   # a bad record is refused even when it moved nothing
             return None
-        view, walked, ends, times, sched, window = _walked_view(items, total)
+        view, walked, ends, times, sched, window = _walked_view(buf, at, end, total)
         if times is not None:
             for off, st in ends.items():
                 rx = times.get(off)
