@@ -667,15 +667,25 @@ class StreamDecoder:
     def _messages(self, conn: Conn, flow: Flow, msgs: list[PsMessage]) -> list[WireMessage]:
         out = []
         base = flow.isn + 1
+        tx = flow.tx
+        calls, starts = flow.calls, flow.starts
         for m in msgs:
-            first = self._call_at(flow, m.first_byte_offset)
-            last = self._call_at(flow, m.last_byte_offset)
+            first_at, end = m.first_byte_offset, m.last_byte_offset + 1
+            # _call_at, inlined (twice per message)
+            i = bisect.bisect_right(starts, first_at) - 1
+            first = calls[i] if i >= 0 else None
+            if first is not None and first_at >= first.start_offset + first.seq_bytes:
+                first = None
+            i = bisect.bisect_right(starts, end - 1) - 1
+            last = calls[i] if i >= 0 else None
             stages = {}
-            if last is not None and last.ends:
-                stages = last.ends.get(m.end_offset - last.start_offset, {})
-            out.append(WireMessage(conn, flow.tx, m, first, last,
-                                   (base + m.first_byte_offset) & MASK32,
-                                   (base + m.end_offset) & MASK32, stages))
+            if last is not None:
+                if end - 1 >= last.start_offset + last.seq_bytes:
+                    last = None
+                elif last.ends:
+                    stages = last.ends.get(end - last.start_offset, {})
+            out.append(WireMessage(conn, tx, m, first, last, (base + first_at) & MASK32, (base + end) & MASK32,
+                                   stages))
         if msgs:
             self._release_calls(flow, msgs[-1].end_offset)
         return out
