@@ -162,23 +162,29 @@ def _read_clock_samples(run_dir: Path, host_id: str) -> pd.DataFrame | None:
     return df[(df["host_id"] == host_id) & df["ts_ns"].notna()]
 
 
-def segment_samples(run_dirs: list[tuple[str, Path]]) -> pd.DataFrame:
-    """One-way samples (as one_way_samples) from the `clock_samples` tables of the
-    run dirs ((host id, path) each): a segment's driver handoff on one host paired
-    with its arrival on another, by flow and seq. The sender leaves re-sends out;
-    a segment that arrived twice keeps its first arrival (still after the first
-    departure: a valid bound, if a loose one)."""
+def matched_segments(run_dirs: list[tuple[str, Path]]) -> pd.DataFrame:
+    """The `clock_samples` tables of the run dirs ((host id, path) each) paired: a
+    segment's driver handoff on one host (tx_host, t_out) with its arrival on another
+    (rx_host, t_in), by flow and seq (the _FLOW_SEQ columns). The sender leaves
+    re-sends out; a segment that arrived twice keeps its first arrival (still after
+    the first departure: a valid bound, if a loose one)."""
     frames = [f for f in (_read_clock_samples(p, h) for h, p in run_dirs) if f is not None and len(f)]
     if not frames:
-        return pd.DataFrame({"tx_host": pd.Series(dtype=object), "rx_host": pd.Series(dtype=object),
-                             "t_out": pd.Series(dtype=np.int64), "t_in": pd.Series(dtype=np.int64)})
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in ("tx_host", "rx_host", *_FLOW_SEQ)}
+                            | {"t_out": pd.Series(dtype=np.int64), "t_in": pd.Series(dtype=np.int64)})
     df = pd.concat(frames, ignore_index=True)
     tx = df[df["direction"] == "tx"].drop_duplicates(_FLOW_SEQ, keep=False)   # the same seq twice: ambiguous
     rx = df[df["direction"] == "rx"].sort_values("ts_ns").drop_duplicates(_FLOW_SEQ, keep="first")
     m = tx.merge(rx, on=_FLOW_SEQ, suffixes=("_tx", "_rx"))
     m = m[m["host_id_tx"] != m["host_id_rx"]]
     return pd.DataFrame({"tx_host": m["host_id_tx"].to_numpy(object), "rx_host": m["host_id_rx"].to_numpy(object),
+                         **{c: m[c].to_numpy() for c in _FLOW_SEQ},
                          "t_out": m["ts_ns_tx"].to_numpy(np.int64), "t_in": m["ts_ns_rx"].to_numpy(np.int64)})
+
+
+def segment_samples(run_dirs: list[tuple[str, Path]]) -> pd.DataFrame:
+    """One-way samples (as one_way_samples) from the agents' `clock_samples` tables."""
+    return matched_segments(run_dirs)[["tx_host", "rx_host", "t_out", "t_in"]]
 
 
 def traffic_samples(msgs: pd.DataFrame, run_dirs: list[tuple[str, Path]]) -> pd.DataFrame:

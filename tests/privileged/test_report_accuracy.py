@@ -36,6 +36,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_agent_cluster import Agent  # noqa: E402  (the agent as a child process, ready on its signal)
 
+from reports.clocks import matched_segments  # noqa: E402
 from reports.dissect import dissect  # noqa: E402
 from workloads.cluster.cluster import Cluster  # noqa: E402
 from workloads.psbench.launch import launch_in_cluster  # noqa: E402
@@ -249,6 +250,28 @@ def _check_estimated_clocks(name, out: Path, exact, symmetric: bool):
     assert (rt <= np.maximum(0.10 * exact_rt, 100_000)).mean() >= 0.99, f"round trip error {_pct(rt)}"
 
 
+def _check_clock_samples(name: str, out: Path, wire: pd.DataFrame) -> None:
+    """The agents' clock samples (each burst's first segment at both ends, paired by the
+    report) against the wire's log of the same frame: the handoff before the wire took
+    it, the arrival after the wire let it go; and per direction, the smallest one-way
+    delay close to the wire's smallest (what keeps the offset unbiased: the per-message
+    samples of large requests were 50-110 us above it)."""
+    m = matched_segments([(p.name, p) for p in sorted(out.iterdir()) if p.is_dir()])
+    w = wire[(wire.payload_bytes > 0) & ~wire.dropped].sort_values("t_in_mono_ns")
+    w = w.drop_duplicates(["ip_src", "sport", "ip_dst", "dport", "seq"])   # a re-sent frame: its first copy
+    j = m.astype({"src_port": "int64", "dst_port": "int64", "seq": "int64"}).merge(
+        w, left_on=["src_ip", "src_port", "dst_ip", "dst_port", "seq"],
+        right_on=["ip_src", "sport", "ip_dst", "dport", "seq"], validate="one_to_one")
+    assert len(j) >= 0.99 * len(m) and len(j) >= 100, f"{len(j)} of {len(m)} clock samples found on the wire"
+    assert (j.t_out <= j.t_in_mono_ns).all() and (j.t_in >= j.t_out_mono_ns).all(), "a clock sample not causal"
+    j["owd"], j["wire"] = j.t_in - j.t_out, j.t_out_mono_ns - j.t_in_mono_ns
+    g = j.groupby(["tx_host", "rx_host"]).agg(owd=("owd", "min"), wire=("wire", "min"))
+    excess = g.owd - g.wire
+    print(f"\n{name}: {len(m)} clock samples paired; smallest one-way delay over the wire's smallest, per "
+          f"direction: p50 {excess.median() / 1e3:.1f} us, max {excess.max() / 1e3:.1f} us")
+    assert (excess <= 50_000).all(), excess.sort_values().tail()
+
+
 def _unskewed(out: Path) -> Path:
     """A copy of the agent's run dirs with the injected clock error taken back
     out: every host on the one shared kernel clock again, as the truth is."""
@@ -283,6 +306,7 @@ def test_components_per_request_match_the_truth(tmp_path, delay_ms, workload):
     d = dissect([out])
     assert {m.source for m in d.clocks.values()} == {"shared"}
     _check(f"wire {delay_ms} ms {workload}", d, truth, wire, {"req": delay_ms * 1e6, "resp": delay_ms * 1e6})
+    _check_clock_samples(f"wire {delay_ms} ms", out, wire)
     _check_estimated_clocks(f"wire {delay_ms} ms", out, d, symmetric=True)
     _check_injected(f"wire {delay_ms} ms", skewed, symmetric=True)
     _xfail_on_coverage_gaps()
@@ -300,6 +324,7 @@ def test_asymmetric_wire_and_injected_clock(tmp_path):
     out = _unskewed(skewed)
     exact = dissect([out])
     _check("asymmetric 1/5 ms", exact, truth, wire, {"req": 1e6, "resp": 5e6})
+    _check_clock_samples("asymmetric 1/5 ms", out, wire)
     _check_estimated_clocks("asymmetric 1/5 ms", out, exact, symmetric=False)
     _check_injected("asymmetric 1/5 ms", skewed, symmetric=False)
     _xfail_on_coverage_gaps()
