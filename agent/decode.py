@@ -656,14 +656,6 @@ class StreamDecoder:
                 calls.popleft()
             del starts[:drop]
 
-    @staticmethod
-    def _call_at(flow: Flow, offset: int) -> Call | None:
-        i = bisect.bisect_right(flow.starts, offset) - 1
-        if i < 0:
-            return None
-        c = flow.calls[i]
-        return c if offset < c.start_offset + c.seq_bytes else None
-
     def _messages(self, conn: Conn, flow: Flow, msgs: list[PsMessage]) -> list[WireMessage]:
         out = []
         base = flow.isn + 1
@@ -671,7 +663,7 @@ class StreamDecoder:
         calls, starts = flow.calls, flow.starts
         for m in msgs:
             first_at, end = m.first_byte_offset, m.last_byte_offset + 1
-            # _call_at, inlined (twice per message)
+            # the kept calls that moved its first and its last byte (None: not kept)
             i = bisect.bisect_right(starts, first_at) - 1
             first = calls[i] if i >= 0 else None
             if first is not None and first_at >= first.start_offset + first.seq_bytes:
