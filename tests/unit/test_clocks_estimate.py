@@ -204,3 +204,38 @@ def test_large_messages_first_segments_remove_the_bias(tmp_path):
     per_seg = traffic_samples(msgs.iloc[:0], dirs)
     assert len(per_seg) == len(msgs)
     assert (per_seg["t_in"] > per_seg["t_out"] - 6_000_000).all()
+
+
+def test_agent_writes_clock_samples_the_report_pairs(tmp_path):
+    """The netstack probe's clock events through the agent's pipeline (a test clock skew on
+    one host, as --test-clock-skew) into the clock_samples tables, paired by the report."""
+    import socket
+
+    import probes.events as E
+    from agent.clocksamples import NS_EV_CLOCK
+    from agent.clockskew import ClockSkew
+    from agent.daemon import Pipeline
+    from agent.hosts import HostMap
+    from reports.clocks import matched_segments
+
+    assert NS_EV_CLOCK == E.NsEventKind.CLOCK
+    skew = ClockSkew("b", 5_000_000, 0.0, 0)
+    p = Pipeline(tmp_path, HostMap("a", {1: "a", 2: "b"}), {"clock": {}, "counters": {}}, netstack_on=True,
+                 skews={"b": skew})
+
+    def ev(rx, netns, ts, seq):
+        e = E.NsClockEvent(kind=E.NsEventKind.CLOCK, rx=rx, family=E.AF_INET, netns_ino=netns, ts_ns=ts, seq=seq,
+                           sport=40000, dport=9000)
+        e.saddr[:4], e.daddr[:4] = socket.inet_aton("10.0.0.1"), socket.inet_aton("10.0.0.2")
+        return bytes(e)
+
+    for raw in (ev(0, 1, 1_000_000, 7), ev(1, 2, 1_800_000, 7), ev(1, 2, 2_000_000, 9)):   # the last: no sender's
+        p.handle("netstack", raw)
+    p.close()
+    assert not p.errors
+    m = matched_segments([("a", tmp_path / "a"), ("b", tmp_path / "b")])
+    assert len(m) == 1
+    r = m.iloc[0]
+    assert (r.tx_host, r.rx_host, r.src_ip, r.src_port, r.dst_ip, r.dst_port, r.seq) == \
+        ("a", "b", "10.0.0.1", 40000, "10.0.0.2", 9000, 7)
+    assert (r.t_out, r.t_in) == (1_000_000, 1_800_000 + 5_000_000)   # b's times off its skewed clock
