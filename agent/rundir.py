@@ -31,7 +31,7 @@ from agent.errors import UserError
 META_FILE = "meta.json"
 SHARD_SUFFIX = ".parquet"
 FORMAT_VERSION = 1
-BATCH_ROWS = 1024   # rows of a typed table converted to Arrow together, before the shard closes
+BATCH_ROWS = 256   # rows of a typed table converted to Arrow together, before the shard closes
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
