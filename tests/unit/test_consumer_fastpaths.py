@@ -125,7 +125,7 @@ def test_batched_rows_make_the_shard_one_conversion_makes(tmp_path):
     for r in rows:
         w.append("messages", r)
         w.append("untyped", {"i": r["pid"]})
-    assert len(w._batches["messages"]) == 8 and "untyped" not in w._batches
+    assert len(w._batches["messages"]) == 2 and "untyped" not in w._batches
     w.close()
     [shard] = (tmp_path / "h0").glob("messages-*.parquet")
     assert pq.read_table(shard).equals(pa.Table.from_pylist(rows, schema=MESSAGES_SCHEMA))
