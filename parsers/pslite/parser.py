@@ -135,9 +135,12 @@ class PsliteStreamParser(ResyncMixin):
     # ---------------------------------------------------------------- public API
     def feed(self, data) -> list[PsMessage]:
         """Parse the next bytes of the stream; return the messages they completed."""
-        mv = data if isinstance(data, memoryview) else memoryview(data)
-        if mv.format != "B" or mv.ndim != 1:
-            mv = mv.cast("B")
+        if type(data) is bytes:   # the agent's case: a view of bytes is flat unsigned bytes
+            mv = memoryview(data)
+        else:
+            mv = data if isinstance(data, memoryview) else memoryview(data)
+            if mv.format != "B" or mv.ndim != 1:
+                mv = mv.cast("B")
         self._fed += len(mv)
         out = self._out = []
         items = self._consume(mv)
@@ -526,7 +529,14 @@ class PsliteStreamParser(ResyncMixin):
                 self._confirm()
         else:
             self._out.append(msg)
-        self._reset_message()
+        # _reset_message, inlined (once per message)
+        self._frame_idx = 0
+        self._meta = None
+        self._sampler = None
+        if self._hdr:
+            self._hdr.clear()
+        if self._body:
+            self._body.clear()
         self._state = _HEADER
 
     def _reset_message(self) -> None:
