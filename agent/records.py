@@ -123,8 +123,9 @@ CONNECTIONS_SCHEMA = pa.schema([
 ])
 
 
-# One row per segment that started a burst on a traced flow (nothing else of the
-# flow for the netstack probe's NS_CLOCK_GAP_NS before it), as its sender handed
+# One row per segment of NS_CLOCK_MIN_BYTES or more that started a burst on a traced
+# flow (nothing else of the flow for the netstack probe's NS_CLOCK_GAP_NS before it):
+# the first segment of a large message, as its sender handed
 # it to the driver ("tx") or its receiver saw it arrive ("rx"): the report pairs
 # the two ends by flow and seq into one-way samples for the clock estimate
 # (agent/clocksamples.py, reports/clocks.py). CLOCK_MONOTONIC ns of the host.

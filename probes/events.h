@@ -308,8 +308,9 @@ struct ns_conn_event {
 
 /* A payload segment of a traced flow that starts a burst: nothing else of the
  * flow was handed to the driver (sender) / arrived (receiver) for
- * NS_CLOCK_GAP_NS before it. Both ends report the first segment of a message
- * sent after a pause; user space matches them by flow and seq into one-way
+ * NS_CLOCK_GAP_NS before it, carrying at least NS_CLOCK_MIN_BYTES (a smaller
+ * one is a whole message, sampled by its own times). Both ends report the
+ * first segment of a large message sent after a pause; user space matches them by flow and seq into one-way
  * samples for the clock estimate (reports/clocks.py). A message's last
  * segment, which the per-message times describe, queues behind its own
  * burst on the way; the first does not. Re-sends are not reported by the

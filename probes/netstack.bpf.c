@@ -182,12 +182,17 @@ static __always_inline void ns_clock_emit(u8 rx, const struct ns_flow_key *k, in
 	ns_emit(&ev, sizeof(ev));
 }
 
-/* Nothing of this flow for NS_CLOCK_GAP_NS before `ts` (`prev_ts`: the latest
- * segment's time, 0 for none). */
-static __always_inline int ns_clock_gap(u64 prev_ts, u64 ts)
+/* Report the segment [seq, end) at `ts`: nothing of this flow for
+ * NS_CLOCK_GAP_NS before it (`prev_ts`: the latest segment's time, 0 for none),
+ * and at least NS_CLOCK_MIN_BYTES of payload. A smaller first segment is a
+ * whole message (or the tail of one): its per-message times are already
+ * these samples, so reporting it again would only cost an event per message.
+ * Both ends see the same length (veth keeps the sender's GSO skb whole; a
+ * NIC's TSO segments are each an MSS, above the bound). */
+static __always_inline int ns_clock_sample(u64 prev_ts, u64 ts, u32 seq, u32 end)
 {
 #if NS_CLOCK_GAP_NS
-	return (s64)(ts - prev_ts) >= NS_CLOCK_GAP_NS;
+	return (s64)(ts - prev_ts) >= NS_CLOCK_GAP_NS && end - seq >= NS_CLOCK_MIN_BYTES;
 #else
 	return 0;
 #endif
@@ -310,7 +315,7 @@ int ns_start_xmit(struct bpf_raw_tracepoint_args *ctx)
 		s->max_end = end;
 		s->have_max = 1;
 	}
-	if (!resend && ns_clock_gap(prev_xmit, ts)) {
+	if (!resend && ns_clock_sample(prev_xmit, ts, seq, end)) {
 		/* the socket's receive flow key: the same addresses as the packets
 		 * (v4-mapped sockets send IPv4), local = this end, the source */
 		struct ns_rx_sock *rs = ns_rx_socks.lookup(&sk);
@@ -447,7 +452,7 @@ int ns_rx_arrival(struct bpf_raw_tracepoint_args *ctx)
 	if (!f)
 		return 0;
 	u64 ts = bpf_ktime_get_ns();
-	if (ns_clock_gap(ns_rx_prev_ts(f), ts))
+	if (ns_clock_sample(ns_rx_prev_ts(f), ts, seq, end))
 		ns_clock_emit(1, &k, 0, seq, ts);
 	u32 h = f->head;
 	f->head = h + 1;
@@ -505,7 +510,7 @@ int ns_netif_receive(struct bpf_raw_tracepoint_args *ctx)
 			return 0;
 	}
 	/* a segment no arrival hook saw (the device has neither NAPI nor netif_rx) */
-	if (ns_clock_gap(ns_rx_prev_ts(f), ts))
+	if (ns_clock_sample(ns_rx_prev_ts(f), ts, seq, end))
 		ns_clock_emit(1, &k, 0, seq, ts);
 	u32 h = f->head;
 	f->head = h + 1;

@@ -110,6 +110,9 @@ def _probe(tx_completion: bool) -> Probe:
             # about one event per message end that follows a pause (messages closer than
             # that queue behind each other anyway, and would not be minimum-delay samples)
             "NS_CLOCK_GAP_NS": (100_000, 0, 10**9),
+            # ...when it carries this much: a smaller one is a whole message, whose own
+            # times are the same sample (and reporting it cost ~2 events per message)
+            "NS_CLOCK_MIN_BYTES": (1024, 1, 1 << 16),
             "NS_TX_COMPLETION": (int(tx_completion), int(tx_completion), int(tx_completion)),
         },
     )
