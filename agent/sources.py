@@ -520,6 +520,7 @@ class LiveSource:
             self.framework.start()
             self.framework_compile_s = time.perf_counter() - t0
             release_freed_memory()
+            settle_heap()   # the framework program's objects too (it is built once a process shows up)
             return
         why = self.framework.add_target(target)
         if why:
