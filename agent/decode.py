@@ -590,10 +590,23 @@ class StreamDecoder:
     # -- calls ----------------------------------------------------------------
     def feed(self, c: Call) -> list[WireMessage]:
         self.calls += 1
-        conn = self._conn(c)
+        conn = self.conns.get((c.netns_ino, c.sk, c.local, c.remote))
+        if conn is None or not conn.isn_known or not c.isn_known or (
+                conn.isn_local != c.isn_local or conn.isn_remote != c.isn_remote):
+            conn = self._conn(c)   # new, or its ISNs are news: the general case
         conn.tgids.add(c.tgid)
-        isn = conn.isn_local if c.tx else conn.isn_remote
-        flow, off = self._flow(conn, c, isn if conn.isn_known else 0)
+        tx = c.tx
+        flow = conn.tx if tx else conn.rx
+        isn = (conn.isn_local if tx else conn.isn_remote) if conn.isn_known else 0
+        if flow is None:
+            flow, off = self._flow(conn, c, isn)
+        else:   # _flow's unwrap, inlined: the offset nearest the expected one with these low 32 bits
+            base = flow.next_offset
+            off = (base & ~MASK32) | ((c.seq_start - isn - 1) & MASK32)
+            if off < base - (1 << 31):
+                off += 1 << 32
+            elif off > base + (1 << 31):
+                off -= 1 << 32
         c.start_offset = off
         parser = flow.parser
         out: list = []
