@@ -359,6 +359,25 @@ def _framework_tap_class():
     return FrameworkTap
 
 
+# What every library probes.framework.targets_of_pid can find has in its path (its
+# name starts libzmq- / libzmq. or is libmxnet.so)
+_FRAMEWORK_PATH_PARTS = (b"/libzmq", b"/libmxnet.so")
+
+
+def _may_map_framework(tgid: int) -> bool:
+    """False when /proc/TGID/maps names no framework library, so targets_of_pid would
+    find none. A process that has not loaded its framework yet is looked at every
+    RESCAN_INTERVAL_S for LIB_WAIT_S; targets_of_pid parses every line of its maps
+    (a Python job's: hundreds) with pathlib: 14% of a live agent's CPU under psbench.
+    True when unsure (unreadable: targets_of_pid says why)."""
+    try:
+        with open(f"/proc/{tgid}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return True
+    return any(part in maps for part in _FRAMEWORK_PATH_PARTS)
+
+
 @dataclass
 class LiveSource:
     """The probes, attached. poll() delivers raw events to the sink."""
@@ -484,7 +503,7 @@ class LiveSource:
             if tgid in self._known_tgids:
                 continue
             try:
-                targets = targets_of_pid(tgid)
+                targets = targets_of_pid(tgid) if _may_map_framework(tgid) else []
             except UserError:
                 self._known_tgids.add(tgid)
                 continue  # it exited meanwhile

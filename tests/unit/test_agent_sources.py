@@ -1,8 +1,10 @@
 """agent.sources.ProcessSelector: a process refused when first seen (before its
-exec or setns) is selected once it becomes what the user asked for."""
+exec or setns) is selected once it becomes what the user asked for; the rescan's
+maps prefilter misses no framework library."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
 from agent.sources import RECHECK_S, YOUNG_S, ProcessSelector, Selection
@@ -45,3 +47,27 @@ def test_a_refusal_stands_once_the_process_is_old():
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_maps_prefilter_misses_no_framework_library():
+    """_may_map_framework says no only where targets_of_pid finds nothing: every process
+    of this machine, and one that has just loaded libzmq."""
+    import os
+
+    from agent.sources import _may_map_framework
+    from probes.framework import targets_of_pid
+
+    code = "import sys, zmq; print(zmq.zmq_version(), flush=True); sys.stdin.read()"
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as p:
+        p.stdout.readline()   # ready: libzmq is mapped
+        assert _may_map_framework(p.pid) and [t.layer for t in targets_of_pid(p.pid)] == ["zmq"]
+        checked = 0
+        for pid in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
+            try:
+                found = targets_of_pid(pid)
+            except Exception:   # exited meanwhile
+                continue
+            checked += 1
+            assert _may_map_framework(pid) or not found, pid
+        p.stdin.close()
+    assert checked > 3
