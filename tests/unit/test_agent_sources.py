@@ -71,3 +71,30 @@ def test_the_maps_prefilter_misses_no_framework_library():
             assert _may_map_framework(pid) or not found, pid
         p.stdin.close()
     assert checked > 3
+
+
+def test_rescan_reads_maps_again_only_when_the_process_mapped_something(monkeypatch):
+    """A process waiting for its framework library: its maps are read once, not at every
+    rescan while its address space keeps its size; once it loads libzmq it is probed."""
+    import agent.sources as sources
+    from agent.sources import LiveSource
+
+    code = ("import sys; print('ready', flush=True); sys.stdin.readline(); import zmq; "
+            "print('loaded', flush=True); sys.stdin.read()")
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as p:
+        assert p.stdout.readline() == b"ready\n"   # waiting on stdin: its address space holds still
+        reads, probed = [], []
+        real = sources._may_map_framework
+        monkeypatch.setattr(sources, "_may_map_framework", lambda pid: reads.append(pid) or real(pid))
+        live = LiveSource(Selection(pids=(p.pid,)), sink=lambda probe, raw: None)
+        live._probe_library = lambda lib, pid, layer=None: probed.append((lib.name, pid, layer))
+        for _ in range(4):
+            live.rescan(force=True)
+        assert probed == [] and reads == [p.pid]
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"loaded\n"
+        live.rescan(force=True)
+        assert [(layer, pid) for _lib, pid, layer in probed] == [("zmq", p.pid)]
+        assert probed[0][0].startswith("libzmq")
+        p.stdin.close()
