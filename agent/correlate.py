@@ -30,8 +30,9 @@ slicing narrow it (requests only, where ps-lite fixes the keys' order):
   not bound for this one. Overlapping hulls (a custom slicer) say nothing.
 This matters after a reconnect: fresh zmq sockets are bound to nothing, and
 both slices of the next request used to stay unmatched (psbench, 1024 keys, a
-reconnect every 10: 2-4 of 3,840 slices in each of 7 recorded runs). Then, if the settled group has as many records as wire
-messages and exactly one way to pair them all, that is taken.
+reconnect every 10: 2-4 of 3,840 slices in each of 7 recorded runs). Then, if
+the settled group has as many records as wire messages and exactly one way to
+pair them all, that is taken.
 Unsettled after HOLD_NS: the row goes out without a framework time, and says why.
 
 Who. The sender of a ps-lite message is the DEALER's identity "ps<id>" (its
