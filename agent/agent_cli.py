@@ -45,6 +45,10 @@ def agent(
     sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="trace this share R (0 < R <= 1) "
                                                 "of host pairs, fixed (default: all, fewer when the agent "
                                                 "cannot keep up)", rich_help_panel="Filters"),
+    cpu_budget: Optional[float] = typer.Option(None, "--cpu-budget", help="keep the agent's own CPU under "
+                                               "CORES (e.g. 0.1: a tenth of one core) by sampling fewer host "
+                                               "pairs (default: no budget; the agent sheds only when it "
+                                               "cannot keep up)", rich_help_panel="Filters"),
     nice: int = typer.Option(0, "--nice", help="run the agent at this nice value once attached (e.g. 10: "
                              "the job's threads get saturated cores first; the agent sheds host pairs "
                              "when it falls behind)"),
@@ -60,14 +64,21 @@ def agent(
         raise UserError(f"--sample-rate {sample_rate:g}: give the share of host pairs to trace, 0 < R <= 1 "
                         "(e.g. 0.25), or leave it out to let the agent shed load when it must")
     check_nice(nice)
+    if cpu_budget is not None:
+        if not 0 < cpu_budget <= 1024:
+            raise UserError(f"--cpu-budget {cpu_budget:g}: give the CPU the agent may use in cores, e.g. 0.1")
+        if sample_rate is not None:
+            raise UserError("--cpu-budget adapts the share of host pairs traced; leave out --sample-rate "
+                            "(a fixed share)")
     overrides = {} if ring_pages is None else {"SOCKCALLS_RING_PAGES": ring_pages, "NS_RING_PAGES": ring_pages}
     if listen is not None:
         from agent.http import parse_listen
         parse_listen(listen)   # a bad address fails before any probe is compiled
     if replay is not None:
-        if pid or comm or netns or port or lib or record or print_bpf or listen or sample_rate is not None:
+        if pid or comm or netns or port or lib or record or print_bpf or listen or sample_rate is not None \
+                or cpu_budget is not None:
             raise UserError("--replay decodes what a recording holds; leave out the filters, --record, --listen, "
-                            "--sample-rate and --print-bpf")
+                            "--sample-rate, --cpu-budget and --print-bpf")
         pipeline, elapsed = do_replay(replay, out)
         n = sum(pipeline.events.values())
         rows = ", ".join(f"{h}: {k} messages" for h, k in sorted(pipeline.rows.items())) or "no messages"
@@ -77,7 +88,7 @@ def agent(
     run_live(AgentOptions(out=out, test_clock_skews=tuple(test_clock_skew), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
                           ports=tuple(port), host_id=host_id, duration_s=duration, record=record,
                           libs=tuple(lib), print_bpf=print_bpf, netstack=netstack, listen=listen,
-                          sample_rate=sample_rate, overrides=overrides, nice=nice))
+                          sample_rate=sample_rate, overrides=overrides, nice=nice, cpu_budget=cpu_budget))
     if not print_bpf:
         # Everything is written and closed: skip the interpreter's teardown (0.3-0.5 s
         # under load, of the 2 s a SIGTERM may take; the kernel closes what is left).

@@ -223,6 +223,7 @@ class AgentOptions:
     test_clock_skews: tuple = ()  # HOST:OFFSET_US:DRIFT_PPM (agent.clockskew), for tests only
     sample_rate: float | None = None   # share of host pairs kept; None: adapted (agent.shedding)
     nice: int = 0                      # the agent's threads' nice value once attached (agent.priority)
+    cpu_budget: float | None = None    # CPU seconds per second the agent may use (agent.shedding)
 
 
 def check_prerequisites() -> None:
@@ -338,7 +339,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         # and must not expire what the other ring still holds.
         sink(NOTE_PROBE, b'{"watermark_ns": %d}' % attached_ns)
         from agent.shedding import Shedder, SheddingLoop
-        shedding = SheddingLoop(Shedder(o.sample_rate, attached_ns), live.program.bpf,
+        shedding = SheddingLoop(Shedder(o.sample_rate, attached_ns, o.cpu_budget), live.program.bpf,
                                 lambda note: sink(NOTE_PROBE, json.dumps(note).encode()), pipeline.sampling)
         priority.lower(o.nice)
         log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
@@ -362,7 +363,8 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
                 next_counters = now + COUNTERS_INTERVAL_S
                 counters = live.counters()
                 pipeline.set_probe_counters(counters)
-                rate = shedding.tick(counters, sum(pipeline.events.values()), time.monotonic_ns())
+                rate = shedding.tick(counters, sum(pipeline.events.values()), time.monotonic_ns(),
+                                     time.process_time())
                 if rate is not None:
                     log(f"sampling {100 * rate:.3g}% of host pairs (load shedding)")
                 for probe, c in counters.items():

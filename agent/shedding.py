@@ -36,6 +36,15 @@ P(r') = F + K * r'/r.
   loses events before the next look).
 - After a cut, COOLDOWN_INTERVALS go by before another cut on losses alone:
   the rings still hold the backlog of the old rate.
+
+With a CPU budget (`pslat agent --cpu-budget CORES`), the agent's own CPU
+(all its threads; the probes' in-kernel time is the job's) is kept under it as
+well, whether or not the consumer keeps up: over the budget, the rate goes to
+the one whose predicted CPU is BUDGET_TARGET of it (CPU taken as proportional
+to the events, framework events not falling with the rate), at most halving
+per look and after the same cooldown; a rise must keep the predicted CPU under
+that too. When the framework events alone cost more than the budget, the rate
+goes down to the least there is: the budget is the user's word.
 """
 from __future__ import annotations
 
@@ -59,6 +68,7 @@ KERNEL_PROBES = ("sockcalls", "netstack")
 # 39% of host pairs with nothing lost). Longer is too late: at 5 s the 4 MiB netstack
 # ring overflowed first (1,020 events lost in the demo).
 LAG_LIMIT_S = 2.0
+BUDGET_TARGET = 0.8      # a CPU budget cut aims at this share of the budget, and a rise stays under it
 
 
 @dataclass
@@ -71,6 +81,7 @@ class IntervalStats:
     consumed: int                # events the consumer took
     busy_s: float                # wall seconds spent draining (decode + correlate included)
     behind: bool = True          # the rings were last emptied more than LAG_LIMIT_S ago
+    cpu_s: float | None = None   # the agent process's CPU seconds (every thread) in the interval
 
 
 def produced_by_probe(counters: dict[str, dict[str, int]]) -> dict[str, int]:
@@ -85,8 +96,9 @@ def produced_by_probe(counters: dict[str, dict[str, int]]) -> dict[str, int]:
 class Shedder:
     """The share of host pairs kept: fixed, or adapted to the consumer (module docstring)."""
 
-    def __init__(self, fixed_rate: float | None, now_ns: int):
+    def __init__(self, fixed_rate: float | None, now_ns: int, cpu_budget: float | None = None):
         self.mode = "adaptive" if fixed_rate is None else "fixed"
+        self.cpu_budget = cpu_budget     # CPU seconds per second the agent may use (None: no budget)
         self.shed_units = 0 if fixed_rate is None else shed_units_of(fixed_rate)
         self.history: list[list] = [[int(now_ns), self.rate]]
         self._calm = 0
@@ -123,6 +135,11 @@ class Shedder:
         if self._cooldown:
             self._cooldown -= 1
         rate = self.rate
+        budget_target = self._budget_target(st, total, kernel)
+        if budget_target is not None and not self._cooldown:
+            self._calm = 0
+            self._cooldown = COOLDOWN_INTERVALS
+            return self._set(budget_target if not st.lost else min(budget_target, rate / 2), st.now_ns)
         over = u > U_HIGH and st.behind
         if over and not st.lost and capacity is not None and \
                 U_TARGET * capacity * st.interval_s <= total - kernel:
@@ -151,11 +168,29 @@ class Shedder:
         if self._calm < CALM_INTERVALS or rate >= 1.0:
             return None
         raised = min(1.0, rate * RAISE_FACTOR)
-        predicted = u * ((total - kernel) + kernel * raised / rate) / total if total else 0.0
-        if predicted >= U_TARGET:
+        scale = ((total - kernel) + kernel * raised / rate) / total if total else 0.0
+        if u * scale >= U_TARGET:
+            return None
+        if self.cpu_budget is not None and st.cpu_s is not None and \
+                st.cpu_s / st.interval_s * scale > BUDGET_TARGET * self.cpu_budget:
             return None
         self._calm = 0
         return self._set(raised, st.now_ns)
+
+
+    def _budget_target(self, st: IntervalStats, total: int, kernel: int) -> float | None:
+        """The rate that brings the agent's CPU to BUDGET_TARGET of its budget, when over it."""
+        if self.cpu_budget is None or st.cpu_s is None:
+            return None
+        used = st.cpu_s / st.interval_s
+        if used <= self.cpu_budget:
+            return None
+        rate = self.rate
+        if not total or not kernel:
+            return rate / 2
+        # cpu(r') = used * (F + K * r'/r) / total = BUDGET_TARGET * budget
+        room = total * BUDGET_TARGET * self.cpu_budget / used - (total - kernel)
+        return max(rate / 2, min(rate * room / kernel, rate * 0.9))
 
 
 def effective_rate(history: list, end_ns: int) -> float:
@@ -289,6 +324,8 @@ class SamplingRecord:
         self.history.append([ts, rate])
         self.meta.update({"rate": rate, "history": self.history, "mode": note.get("mode", "adaptive"),
                           "units": SAMPLE_UNITS})
+        if note.get("cpu_budget") is not None:
+            self.meta["cpu_budget"] = note["cpu_budget"]
         if self.correlator.shed_judge is None and rate < 1.0:
             self.correlator.shed_judge = FrameworkShedJudge(self.correlator.ids, self.history)
         if live is not None:
@@ -318,26 +355,29 @@ class SheddingLoop:
         self.record = record
         self._busy_s = 0.0
         self._emptied_ns = shedder.history[-1][0]   # when a drain last emptied the rings
-        self._mark: tuple[int, dict, int, int] | None = None   # (ns, produced, lost, consumed)
+        self._mark: tuple | None = None   # (ns, produced, lost, consumed, process CPU s)
         self._say(shedder.history[-1][0])
 
     def _say(self, ts_ns: int) -> None:
-        self.announce({"sampling": {"ts_ns": ts_ns, "rate": self.shedder.rate, "mode": self.shedder.mode}})
+        self.announce({"sampling": {"ts_ns": ts_ns, "rate": self.shedder.rate, "mode": self.shedder.mode,
+                                    "cpu_budget": self.shedder.cpu_budget}})
 
     def drained(self, seconds: float, emptied: bool, now_ns: int | None = None) -> None:
         self._busy_s += seconds
         if emptied:
             self._emptied_ns = now_ns if now_ns is not None else time.monotonic_ns()
 
-    def tick(self, counters: dict[str, dict[str, int]], consumed_total: int, now_ns: int) -> float | None:
-        """Once per counters interval; the new rate when it changed."""
+    def tick(self, counters: dict[str, dict[str, int]], consumed_total: int, now_ns: int,
+             cpu_s_total: float | None = None) -> float | None:
+        """Once per counters interval; the new rate when it changed. cpu_s_total: the
+        process's CPU seconds so far (time.process_time()), for a CPU budget."""
         from probes.filters import shed_counts, write_shed_units
 
         self.record.set_shed(shed_counts(self.bpf))
         self.record.alive_ns = now_ns
         produced = produced_by_probe(counters)
         lost = sum(int(c.get("lost", 0)) for c in counters.values())
-        mark, self._mark = self._mark, (now_ns, produced, lost, consumed_total)
+        mark, self._mark = self._mark, (now_ns, produced, lost, consumed_total, cpu_s_total)
         busy, self._busy_s = self._busy_s, 0.0
         behind = now_ns - self._emptied_ns > LAG_LIMIT_S * 1e9
         if mark is None:
@@ -345,7 +385,8 @@ class SheddingLoop:
         st = IntervalStats(now_ns=now_ns, interval_s=(now_ns - mark[0]) / 1e9,
                            produced={p: v - mark[1].get(p, 0) for p, v in produced.items()},
                            lost=lost - mark[2], consumed=consumed_total - mark[3], busy_s=busy,
-                           behind=behind)
+                           behind=behind,
+                           cpu_s=None if cpu_s_total is None or mark[4] is None else cpu_s_total - mark[4])
         units = self.shedder.observe(st)
         if units is None:
             return None

@@ -39,6 +39,9 @@ def test_help(path):
     (["demo", "--bogus"], "No such option: --bogus"),
     (["cluster", "up", "--hosts", "0"], "at least 1 host"),
     (["cluster", "up", "--hosts", "2", "--wire-delay-ms", "-1"], "wire delay"),
+    (["agent", "--out", "x", "--nice", "20"], "--nice 20"),
+    (["agent", "--out", "x", "--cpu-budget", "0"], "--cpu-budget 0"),
+    (["agent", "--out", "x", "--cpu-budget", "0.1", "--sample-rate", "0.5"], "leave out --sample-rate"),
 ])
 def test_bad_input_is_one_line(args, expect):
     r = _run(*args)

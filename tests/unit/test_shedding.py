@@ -189,3 +189,42 @@ def test_report_counts_are_scaled_and_say_so():
     assert op["by_server"]["h1"]["count"] == 12 and op["by_worker"]["h2"]["count"] == 32
     s = scaled(_summary(), None)
     assert s["sampling"] == {"rate": 1.0, "scaled": False} and s["requests"] == 10
+
+
+def _budget_interval(now_s: float, kernel: int, framework: int, cpu_s: float):
+    st = _interval(now_s, kernel, framework, kernel + framework, 0.1)
+    st.behind, st.cpu_s = False, cpu_s    # the consumer keeps up: only the budget speaks
+    return st
+
+
+def test_cpu_budget_cuts_a_consumer_that_keeps_up_to_the_rate_that_fits():
+    s = Shedder(None, 0, cpu_budget=0.1)
+    assert s.observe(_budget_interval(1, 8_000, 2_000, 0.09)) is None and s.rate == 1.0   # under it
+    # 0.3 CPU s per s for 8k kernel + 2k framework events: at r', 0.3 * (2k + 8k r') / 10k = 0.08
+    # -> r' = 1/12, but at most halving per look
+    s.observe(_budget_interval(2, 8_000, 2_000, 0.3))
+    assert s.rate == 0.5
+    assert s.observe(_budget_interval(3, 4_000, 2_000, 0.2)) is None    # cooldown: the backlog's CPU
+    # 0.2 * (2k + 4k r'/0.5) / 6k = 0.08 -> r'/0.5 = 0.1: again at most halving
+    s.observe(_budget_interval(4, 4_000, 2_000, 0.2))
+    assert s.rate == 0.25
+    # within the budget and calm: a rise only while its predicted CPU stays under 0.8 of it
+    for t in range(5, 20):
+        s.observe(_budget_interval(t, int(16_000 * s.rate), 2_000, 0.079))
+    assert s.rate == 0.25
+
+
+def test_cpu_budget_rises_when_there_is_room():
+    s = Shedder(None, 0, cpu_budget=0.5)
+    s.observe(_budget_interval(1, 10_000, 0, 1.0))
+    assert s.rate == 0.5
+    for t in range(2, 40):
+        s.observe(_budget_interval(t, int(10_000 * s.rate), 0, 0.1 * s.rate))   # 0.1 CPU s at rate 1
+    assert s.rate == 1.0
+
+
+def test_cpu_budget_below_the_framework_events_cost_goes_to_the_least():
+    s = Shedder(None, 0, cpu_budget=0.01)
+    for t in range(1, 60):
+        s.observe(_budget_interval(t, int(1_000 * s.rate), 9_000, 0.2))
+    assert s.rate == rate_of(SAMPLE_UNITS - MIN_KEEP_UNITS)
