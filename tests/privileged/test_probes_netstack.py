@@ -283,10 +283,10 @@ class Traced:
 
         b[b"h_events"].open_ring_buffer(on_h)
 
-    def poll_until(self, done, timeout_s: float) -> None:
+    def poll_until(self, done, timeout_s: float, what=lambda: "") -> None:
         deadline = time.monotonic() + timeout_s
         while not done():
-            assert time.monotonic() < deadline, "events did not arrive in time"
+            assert time.monotonic() < deadline, f"events did not arrive in time: {what()}"
             self.prog.poll(50)
 
     def close(self) -> None:
@@ -319,14 +319,17 @@ def run_exchange(argv_server, argv_client_prefix, server_addr, filters_for, tmp_
         # what became of its skb; the close of both sockets.
         from probes.events import NsConnEvent, NsTxDoneEvent, NsTxEvent
 
-        def complete():
-            sends = sum(1 for h in traced.h_events if h.send)
-            tx = sum(1 for e in traced.ns_events if isinstance(e, NsTxEvent))
-            done = sum(1 for e in traced.ns_events if isinstance(e, NsTxDoneEvent))
-            closes = sum(1 for e in traced.ns_events if isinstance(e, NsConnEvent) and e.newstate == 7)
-            return sends and tx >= sends and done >= sends and closes >= 2
+        def counts():
+            return {"sends": sum(1 for h in traced.h_events if h.send),
+                    "tx": sum(1 for e in traced.ns_events if isinstance(e, NsTxEvent)),
+                    "tx_done": sum(1 for e in traced.ns_events if isinstance(e, NsTxDoneEvent)),
+                    "closes": sum(1 for e in traced.ns_events if isinstance(e, NsConnEvent) and e.newstate == 7)}
 
-        traced.poll_until(complete, 20)
+        def complete():
+            c = counts()
+            return c["sends"] and c["tx"] >= c["sends"] and c["tx_done"] >= c["sends"] and c["closes"] >= 2
+
+        traced.poll_until(complete, 20, lambda: {**counts(), **traced.prog.counters().get("netstack", {})})
         traced.prog.consume()
         return traced, s_ready["pid"], c_ready["pid"], s_ready["port"]
     except BaseException:
