@@ -49,9 +49,9 @@ def agent(
                                                "CORES (e.g. 0.1: a tenth of one core) by sampling fewer host "
                                                "pairs (default: no budget; the agent sheds only when it "
                                                "cannot keep up)", rich_help_panel="Filters"),
-    nice: int = typer.Option(0, "--nice", help="run the agent at this nice value once attached (e.g. 10: "
-                             "the job's threads get saturated cores first; the agent sheds host pairs "
-                             "when it falls behind)"),
+    nice: Optional[int] = typer.Option(None, "--nice", help="run the agent at this nice value once attached (e.g. 10: "
+                                       "the job's threads get saturated cores first; the agent sheds host "
+                                       "pairs when it falls behind; default: the priority it started with)"),
     ring_pages: Optional[int] = typer.Option(None, "--ring-pages", hidden=True,
                                              help="kernel ring buffers' size in pages (tests: flood the agent)"),
 ) -> None:
@@ -63,7 +63,8 @@ def agent(
     if sample_rate is not None and not 0 < sample_rate <= 1:
         raise UserError(f"--sample-rate {sample_rate:g}: give the share of host pairs to trace, 0 < R <= 1 "
                         "(e.g. 0.25), or leave it out to let the agent shed load when it must")
-    check_nice(nice)
+    if nice is not None:
+        check_nice(nice)
     if cpu_budget is not None:
         if not 0 < cpu_budget <= 1024:
             raise UserError(f"--cpu-budget {cpu_budget:g}: give the CPU the agent may use in cores, e.g. 0.1")

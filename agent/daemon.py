@@ -222,7 +222,7 @@ class AgentOptions:
     listen: str | None = None   # ADDR:PORT of the live HTTP endpoint (agent.http)
     test_clock_skews: tuple = ()  # HOST:OFFSET_US:DRIFT_PPM (agent.clockskew), for tests only
     sample_rate: float | None = None   # share of host pairs kept; None: adapted (agent.shedding)
-    nice: int = 0                      # the agent's threads' nice value once attached (agent.priority)
+    nice: int | None = None            # the agent's threads' nice value once attached (agent.priority)
     cpu_budget: float | None = None    # CPU seconds per second the agent may use (agent.shedding)
 
 
@@ -341,7 +341,8 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         from agent.shedding import Shedder, SheddingLoop
         shedding = SheddingLoop(Shedder(o.sample_rate, attached_ns, o.cpu_budget), live.program.bpf,
                                 lambda note: sink(NOTE_PROBE, json.dumps(note).encode()), pipeline.sampling)
-        priority.lower(o.nice)
+        if o.nice is not None:
+            priority.lower(o.nice)
         log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
             f"{live.program.compile_s + live.program.attach_s:.1f} s); Ctrl-C to stop")
         deadline = time.monotonic() + o.duration_s if o.duration_s else None

@@ -28,6 +28,7 @@ class Priority:
 
     def __init__(self) -> None:
         self.start_nice = os.getpriority(os.PRIO_PROCESS, 0)   # Linux: the calling thread's
+        self.lowered = False
 
     @staticmethod
     def _set_all(n: int) -> None:
@@ -39,6 +40,9 @@ class Priority:
 
     def lower(self, n: int) -> None:
         self._set_all(n)
+        self.lowered = True
 
     def restore(self) -> None:
-        self._set_all(self.start_nice)
+        if self.lowered:
+            self._set_all(self.start_nice)
+            self.lowered = False
