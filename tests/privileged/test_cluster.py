@@ -211,11 +211,19 @@ def test_ctrl_c_or_kill_of_the_owner_tears_down(sig):
     code = OWNER.replace("c = Cluster(", "with Cluster(").replace(".__enter__()", " as c:")
     code = code.replace("\nsleeper", "\n    sleeper").replace("\nprint", "\n    print")
     code = code.replace("\ntime.sleep", "\n    time.sleep")
+    # Ctrl-C as at a terminal: a runner started in the background (nohup, `cmd &`) hands
+    # its children SIGINT ignored, and Python then installs no KeyboardInterrupt for it
     owner = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, cwd=ROOT)
+                             text=True, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     info = json.loads(owner.stdout.readline())
     owner.send_signal(sig)
-    owner.wait(30)
+    try:
+        owner.wait(30)
+    except subprocess.TimeoutExpired:
+        owner.kill()   # not left holding the cluster for the tests after this one
+        owner.wait()
+        subprocess.run([str(PSLAT), "cluster", "down"], capture_output=True, timeout=60)
+        raise
     assert owner.returncode != 0
     assert _leftovers(["kill-a", "kill-b"], [info["forwarder"], info["sleeper"]]) == []
 
