@@ -10,8 +10,9 @@ last segment, which queued behind the rest of its own burst on the way.
 from __future__ import annotations
 
 from agent.decode import _addr
+from probes.events import NsEventKind
 
-NS_EV_CLOCK = 6   # enum ns_event_kind (probes/events.h); checked by tests/unit/test_clocks_estimate.py
+NS_EV_CLOCK = int(NsEventKind.CLOCK)   # enum ns_event_kind (probes/events.h)
 
 
 def clock_sample_row(ev, host_id: str) -> dict:

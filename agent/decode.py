@@ -231,43 +231,9 @@ _PAYLOAD_MAX = SockcallEvent.payload.size
 _F_CONTINUED = 0x08
 
 
-def _items(raw: bytes, at: int, n: int) -> list:
-    """payload[] -> [(kind, call_off, body)], validated as probes.events.decode_items does."""
-    out = []
-    append = out.append
-    end = at + n
-    unpack = _ITEM.unpack_from
-    while at < end:
-        if end - at < 8:
-            raise ValueError(f"sockcall item header cut at payload byte {at - _HEAD.size} of {n}")
-        kind, _what, ln, off = unpack(raw, at)
-        at += 8
-        fixed = _FIXED_LEN[kind] if kind < 10 else -1
-        if fixed == -1:
-            raise ValueError(f"sockcall item of unknown kind {kind}")
-        if at + ln > end:
-            raise ValueError(f"sockcall item claims {ln} bytes, {end - at} left")
-        if fixed is not None and ln != fixed:
-            raise ValueError(f"sockcall item of kind {kind} and {ln} bytes, expected {fixed}")
-        append((kind, off, raw[at:at + ln]))
-        at += ln
-    return out
-
-
-def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
-    """(stream view from call offset 0, walked ranges, ends, rx times, sched bodies, window)
-    of the items in buf[at:end] (validated as _items does, and read in the same pass).
-    The view and ranges are the same as probes.sockcalls.WalkedCall.stream_view(0) /
-    walked_ranges(), Gap as int, Skip as Skip; ends: {offset: {}} per message end; rx
-    times: {offset: struct ns_rx_times}."""
-    pieces = []
-    ranges = []
-    hunted = []
-    start = None
-    ends: dict = {}
-    times = None
-    sched = None
-    window = None
+def _item_bodies(buf: bytes, at: int, end: int):
+    """The items in buf[at:end] as (kind, call_off, body start, body end), each header
+    validated as probes.events.decode_items does."""
     unpack = _ITEM.unpack_from
     n = end - at
     while at < end:
@@ -283,6 +249,32 @@ def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
             raise ValueError(f"sockcall item claims {ln} bytes, {end - at} left")
         if fixed is not None and ln != fixed:
             raise ValueError(f"sockcall item of kind {kind} and {ln} bytes, expected {fixed}")
+        yield kind, off, at, nxt
+        at = nxt
+
+
+def _check_items(buf: bytes, at: int, end: int) -> None:
+    """Raises ValueError for a record whose items do not parse (see _item_bodies)."""
+    for _ in _item_bodies(buf, at, end):
+        pass
+
+
+def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
+    """(stream view from call offset 0, walked ranges, ends, rx times, sched bodies, window)
+    of the items in buf[at:end] (validated by _item_bodies, and read in the same pass).
+    The view and ranges are the same as probes.sockcalls.WalkedCall.stream_view(0) /
+    walked_ranges(), Gap as int, Skip as Skip; ends: {offset: {}} per message end; rx
+    times: {offset: struct ns_rx_times}."""
+    pieces = []
+    ranges = []
+    hunted = []
+    start = None
+    ends: dict = {}
+    times = None
+    sched = None
+    window = None
+    for kind, off, at, nxt in _item_bodies(buf, at, end):
+        ln = nxt - at
         if kind == _IT_BYTES:
             pieces.append((off, buf[at:nxt]))
         elif kind == _IT_MSG_END:
@@ -326,7 +318,6 @@ def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
                 start = None
         elif kind == _IT_HUNTED:
             hunted.append((off, off + int.from_bytes(buf[at:at + 4], "little")))
-        at = nxt
     if start is not None and start < total:
         ranges.append((start, total))
     walked = [(a, b) for a, b in ranges if b > a]
@@ -426,7 +417,7 @@ class SockcallAssembler:
         if opened is not None or continued:
             # a call over several records: each one's items checked as it comes, all of
             # them read together at the last (call offsets: payloads join end to end)
-            _items(raw, _HEAD_SIZE, pb)
+            _check_items(raw, _HEAD_SIZE, _HEAD_SIZE + pb)
             payload = raw[_HEAD_SIZE:_HEAD_SIZE + pb]
             if opened is not None:
                 first, payload = opened[2], opened[3] + payload
@@ -443,7 +434,7 @@ class SockcallAssembler:
         total = ret if ret > 0 and (moved == ret or (moved == ret + 1 and first[19] not in _SEND_CALLS)) else 0
         if not total:
             if buf is raw:
-                _items(raw, at, pb)   # a bad record is refused even when it moved nothing
+                _check_items(raw, at, at + pb)   # a bad record is refused even when it moved nothing
             return None
         view, walked, ends, times, sched, window = _walked_view(buf, at, end, total)
         if times is not None:

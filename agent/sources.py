@@ -516,15 +516,10 @@ class LiveSource:
             if tgid in self._known_tgids:
                 continue
             vsize = _vsize(tgid)
-            if vsize is not None and self._vsize_seen.get(tgid) == vsize:
-                # nothing mapped or unmapped since the last look: still no library
-                if now - self._lib_wait.get(tgid, now) > LIB_WAIT_S:
-                    self._known_tgids.add(tgid)
-                    self._lib_wait.pop(tgid, None)
-                    self._vsize_seen.pop(tgid, None)
-                continue
+            # nothing mapped or unmapped since the last look: still no library
+            unchanged = vsize is not None and self._vsize_seen.get(tgid) == vsize
             try:
-                targets = targets_of_pid(tgid) if _may_map_framework(tgid) else []
+                targets = [] if unchanged or not _may_map_framework(tgid) else targets_of_pid(tgid)
             except UserError:
                 self._known_tgids.add(tgid)
                 self._vsize_seen.pop(tgid, None)

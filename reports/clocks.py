@@ -29,8 +29,8 @@ Sources, in order:
   what keeps the estimate unbiased with large messages: a 78 KB message's last
   segment queues behind the other 50 of its burst on the way (measured: that
   direction's minimum one-way delay 50-110 us above the wire's), its first
-  segment does not; without them the band's middle was off by half of that. The lines offset + drift * t that respect every
-  bound form a convex set (only the minimum-delay samples bind). The drift is
+  segment does not; without them the band's middle was off by half of that.
+  The lines offset + drift * t that respect every bound form a convex set (only the minimum-delay samples bind). The drift is
   the slope of the widest band between the bounds (a ternary search; a run
   too short to tell the drift, judged by the scatter of per-window midpoints,
   or a slope within three standard errors of 0, gets 0, or the nearest slope
@@ -52,10 +52,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from agent.rundir import SHARD_SUFFIX
+from reports.load import host_shards
 
 MAX_WINDOWS = 64
 MIN_SAMPLES_PER_WINDOW = 8
@@ -148,18 +146,13 @@ _FLOW_SEQ = ["src_ip", "src_port", "dst_ip", "dst_port", "seq"]
 
 
 def _read_clock_samples(run_dir: Path, host_id: str) -> pd.DataFrame | None:
-    parts = []
-    for shard in sorted(Path(run_dir).glob(f"{CLOCK_SAMPLES_TABLE}-*{SHARD_SUFFIX}")):
-        try:
-            t = pq.read_table(shard, columns=["host_id", "direction", *_FLOW_SEQ, "ts_ns"])
-        except (OSError, ValueError, pa.ArrowException):
-            continue   # a shard the agent could not finish: fewer samples, the estimate says how many
-        parts.append(t.to_pandas())
+    # a shard the agent could not finish is skipped: fewer samples, the estimate says how many
+    parts = [t.to_pandas() for t in host_shards(run_dir, host_id, CLOCK_SAMPLES_TABLE,
+                                                ["host_id", "direction", *_FLOW_SEQ, "ts_ns"])]
     if not parts:
         return None
     df = pd.concat(parts, ignore_index=True)
-    # one run dir is one host (reports.load leaves other hosts' rows out the same way)
-    return df[(df["host_id"] == host_id) & df["ts_ns"].notna()]
+    return df[df["ts_ns"].notna()]
 
 
 def matched_segments(run_dirs: list[tuple[str, Path]]) -> pd.DataFrame:

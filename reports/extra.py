@@ -24,11 +24,10 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from agent.rundir import META_FILE, SHARD_SUFFIX
-from reports.load import expand, nullable
+from reports.load import expand, host_shards, nullable
 
 
 @dataclass
@@ -118,20 +117,7 @@ class RunContext:
         """arrow()'s rows one shard at a time (to keep only some rows of a large column); the
         text columns named in `dictionary` dictionary-encoded (faster to read and compare)."""
         for host, p in self.dirs.items():
-            for shard in sorted(p.glob(f"{table}-*{SHARD_SUFFIX}")):
-                try:
-                    have = set(pq.read_schema(shard).names)
-                    t = pq.read_table(shard, columns=[c for c in columns if c in have],
-                                      read_dictionary=[c for c in dictionary if c in have])
-                except Exception:  # pyarrow raises several types for a damaged file
-                    continue
-                cols = [t.column(c) if c in t.column_names else pa.nulls(len(t)) for c in columns]
-                t = pa.table(cols, names=columns)
-                if "host_id" in columns:   # one run dir is one host
-                    mine = pc.fill_null(pc.equal(t.column("host_id").cast(pa.string()), host), False)
-                    if not pc.all(mine).as_py():   # a filter copies every column (key samples)
-                        t = t.filter(mine)
-                yield t
+            yield from host_shards(p, host, table, columns, dictionary)
 
     def table(self, table: str, columns: list[str]) -> pd.DataFrame:
         """The same as a DataFrame (nullable integers keep int64 ns exact)."""

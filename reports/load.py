@@ -23,7 +23,7 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -133,6 +133,27 @@ def read_shards(path: Path) -> tuple[pa.Table, list[str]]:
         except Exception as e:  # pyarrow raises several types for a damaged or foreign file
             problems.append(f"{shard}: unreadable shard skipped ({type(e).__name__}: {e})")
     return (pa.concat_tables(parts) if parts else want.empty_table()), problems
+
+
+def host_shards(path: Path, host: str, table: str, columns: list[str],
+                dictionary: tuple[str, ...] = ()) -> Iterator[pa.Table]:
+    """The rows of `table` in one host's run dir, a shard at a time, with these columns (one
+    an older agent did not write is all null; the text columns in `dictionary` dictionary-
+    encoded). Shards that cannot be read are skipped (for messages, read_shards names them).
+    One run dir is one host: rows of other hosts are left out, as read_host does."""
+    for shard in sorted(Path(path).glob(f"{table}-*{SHARD_SUFFIX}")):
+        try:
+            have = set(pq.read_schema(shard).names)
+            t = pq.read_table(shard, columns=[c for c in columns if c in have],
+                              read_dictionary=[c for c in dictionary if c in have])
+        except Exception:  # pyarrow raises several types for a damaged file
+            continue
+        t = pa.table([t.column(c) if c in t.column_names else pa.nulls(len(t)) for c in columns], names=columns)
+        if "host_id" in columns:
+            mine = pc.fill_null(pc.equal(t.column("host_id").cast(pa.string()), host), False)
+            if not pc.all(mine).as_py():   # a filter copies every column (key samples)
+                t = t.filter(mine)
+        yield t
 
 
 def _read_meta(path: Path) -> tuple[dict, str | None]:

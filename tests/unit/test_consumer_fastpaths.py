@@ -16,7 +16,7 @@ from parsers.pslite import message
 from parsers.pslite.parser import PsliteStreamParser
 from parsers.pslite.states import _GAP
 
-from test_parser_pslite_properties import streams
+from test_parser_pslite_properties import holes_in, streams
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -49,13 +49,7 @@ def _walk(p, data, holes, feed_cuts):
        st.lists(st.integers(0, 10**6), max_size=6), st.booleans())
 def test_gap_shortcut_gives_what_the_work_loop_gives(stream, gaps, cuts, mid_stream):
     _specs, data, _spans = stream
-    holes, prev = [], 0
-    for at_seed, n in sorted(gaps):
-        at = max(prev, at_seed % len(data))
-        end = min(len(data), at + n)
-        if at < end:
-            holes.append((at, end))
-            prev = end
+    holes = holes_in(gaps, len(data))
     cuts = [c % len(data) for c in cuts]
     fast, slow = PsliteStreamParser(mid_stream=mid_stream), WorkLoopParser(mid_stream=mid_stream)
     assert _walk(fast, data, holes, cuts) == _walk(slow, data, holes, cuts)

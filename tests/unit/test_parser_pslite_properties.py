@@ -282,19 +282,25 @@ def test_broken_chain_is_rescanned_within_the_replay_cap(replay_max_bytes, found
     assert_accounting(p)
 
 
+def holes_in(gaps: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    """Drawn (position seed, size) pairs -> sorted, non-overlapping (start, end) byte
+    ranges inside a stream of `length` bytes."""
+    holes, prev = [], 0
+    for at_seed, n in sorted(gaps):
+        at = max(prev, at_seed % length)
+        end = min(length, at + n)
+        if at < end:
+            holes.append((at, end))
+            prev = end
+    return holes
+
+
 @SETTINGS
 @given(streams, st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 3000)), min_size=1, max_size=6),
        st.booleans())
 def test_many_gaps_never_invent_messages(stream, gaps, mid_stream):
     specs, data, spans = stream
-    # gaps at sorted, non-overlapping places
-    holes, prev = [], 0
-    for at_seed, n in sorted(gaps):
-        at = max(prev, at_seed % len(data))
-        end = min(len(data), at + n)
-        if at < end:
-            holes.append((at, end))
-            prev = end
+    holes = holes_in(gaps, len(data))
     p = PsliteStreamParser(mid_stream=mid_stream)
     msgs, pos = [], 0
     for at, end in holes:
