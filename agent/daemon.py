@@ -342,7 +342,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         shedding = SheddingLoop(Shedder(o.sample_rate, attached_ns, o.cpu_budget), live.program.bpf,
                                 lambda note: sink(NOTE_PROBE, json.dumps(note).encode()), pipeline.sampling)
         if o.nice is not None:
-            priority.lower(o.nice)
+            priority.set(o.nice)
         log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
             f"{live.program.compile_s + live.program.attach_s:.1f} s); Ctrl-C to stop")
         deadline = time.monotonic() + o.duration_s if o.duration_s else None

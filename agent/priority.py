@@ -28,7 +28,7 @@ class Priority:
 
     def __init__(self) -> None:
         self.start_nice = os.getpriority(os.PRIO_PROCESS, 0)   # Linux: the calling thread's
-        self.lowered = False
+        self.changed = False
 
     @staticmethod
     def _set_all(n: int) -> None:
@@ -38,11 +38,12 @@ class Priority:
             except ProcessLookupError:   # a thread that just ended
                 pass
 
-    def lower(self, n: int) -> None:
+    def set(self, n: int) -> None:
+        """Usually lowers the priority (N > 0); a negative N, as root, raises it."""
         self._set_all(n)
-        self.lowered = True
+        self.changed = True
 
     def restore(self) -> None:
-        if self.lowered:
+        if self.changed:
             self._set_all(self.start_nice)
-            self.lowered = False
+            self.changed = False

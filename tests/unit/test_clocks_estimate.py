@@ -212,13 +212,11 @@ def test_agent_writes_clock_samples_the_report_pairs(tmp_path):
     import socket
 
     import probes.events as E
-    from agent.clocksamples import NS_EV_CLOCK
     from agent.clockskew import ClockSkew
     from agent.daemon import Pipeline
     from agent.hosts import HostMap
     from reports.clocks import matched_segments
 
-    assert NS_EV_CLOCK == E.NsEventKind.CLOCK
     skew = ClockSkew("b", 5_000_000, 0.0, 0)
     p = Pipeline(tmp_path, HostMap("a", {1: "a", 2: "b"}), {"clock": {}, "counters": {}}, netstack_on=True,
                  skews={"b": skew})

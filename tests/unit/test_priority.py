@@ -25,7 +25,7 @@ stop = threading.Event()
 before = threading.Thread(target=stop.wait); before.start()      # a thread from before
 p = Priority()
 start = nices()
-p.lower(7)
+p.set(7)
 after = threading.Thread(target=stop.wait); after.start()        # one started after: inherits
 lowered = nices()
 p.restore()
