@@ -472,39 +472,39 @@ class Correlator:
             self._next_prune = now + HOLD_NS
             self.tx_times.prune(now)
 
+    def _hold(self, groups: dict, key: tuple, final: bool) -> tuple[list, int | None]:
+        """Takes a group's members that waited HOLD_NS (all of them when final) out of
+        groups[key]; returns them and the oldest time among those kept."""
+        items = groups.get(key)
+        if not items:
+            return [], None
+        now = self.now_ns
+        keep, out, oldest = [], [], None
+        for x in items:
+            if final or now - x.added_ns >= HOLD_NS:
+                out.append(x)
+            else:
+                keep.append(x)
+                oldest = x.added_ns if oldest is None else min(oldest, x.added_ns)
+        if keep:
+            groups[key] = keep
+        else:
+            del groups[key]
+        return out, oldest
+
     def _settle(self, key: tuple, final: bool) -> None:
         now = self.now_ns
         if key in self._wires and key in self._fws:
             self._match_group(key, True)
-        oldest = None
-        ws = self._wires.get(key)
-        if ws:
-            keep = []
-            for p in ws:
-                if final or now - p.added_ns >= HOLD_NS:
-                    p.fw_reason = R_FW_AMBIGUOUS if self._fws.get(key) else R_NO_FW_MATCH
-                    self._ready.append(p)
-                else:
-                    keep.append(p)
-                    oldest = p.added_ns if oldest is None else min(oldest, p.added_ns)
-            if keep:
-                self._wires[key] = keep
-            else:
-                del self._wires[key]
-        fs = self._fws.get(key)
-        if fs:
-            keep_f = []
-            for f in fs:
-                if final or now - f.added_ns >= HOLD_NS:
-                    shed = self.shed_judge is not None and self.shed_judge.shed(f.fm, f.key[1], f.peer_id, now)
-                    self.counters["framework_shed" if shed else "framework_unmatched"] += 1
-                else:
-                    keep_f.append(f)
-                    oldest = f.added_ns if oldest is None else min(oldest, f.added_ns)
-            if keep_f:
-                self._fws[key] = keep_f
-            else:
-                del self._fws[key]
+        ws, oldest_w = self._hold(self._wires, key, final)
+        for p in ws:
+            p.fw_reason = R_FW_AMBIGUOUS if self._fws.get(key) else R_NO_FW_MATCH
+            self._ready.append(p)
+        fs, oldest_f = self._hold(self._fws, key, final)
+        for f in fs:
+            shed = self.shed_judge is not None and self.shed_judge.shed(f.fm, f.key[1], f.peer_id, now)
+            self.counters["framework_shed" if shed else "framework_unmatched"] += 1
+        oldest = min((t for t in (oldest_w, oldest_f) if t is not None), default=None)
         if oldest is not None:
             # the counter breaks ties: group keys may hold None (absent ids), which do not compare
             self._expiry_seq += 1

@@ -92,29 +92,29 @@ def _ids(*cols: pd.Series) -> np.ndarray:
     return out
 
 
+def _in_flight_of(req: pd.DataFrame, sel: np.ndarray, side: str, peer: str,
+                  t0: np.ndarray, t1: np.ndarray) -> pd.arrays.IntegerArray:
+    """in_flight() for the `side` process of the selected requests (<NA> elsewhere):
+    its connections are told apart by the peer host and the request's ports."""
+    got = pd.array(np.zeros(len(req), np.int64), dtype="Int64")
+    got[:] = pd.NA
+    if sel.any():
+        r = req[sel]
+        proc = _ids(r[f"{side}_host"].astype(str), r[f"{side}_pid"])
+        conn = _ids(r[f"{peer}_host"].astype(str), r["req_sport"], r["req_dport"])
+        got[np.flatnonzero(sel)] = in_flight(proc, conn, t0[sel], t1[sel])
+    return got
+
+
 def per_request(req: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
     """Per complete request: server_conns, worker_conns (<NA> where unknown)."""
     start, end = request_times_ref(req, tl)
     arrival, reply, ok = server_interval(req, start)
     out = pd.DataFrame(index=req.index)
-    srv = pd.array(np.zeros(len(req), np.int64), dtype="Int64")
-    srv[:] = pd.NA
-    sel = ok & req["server_pid"].notna().to_numpy()
-    if sel.any():
-        r = req[sel]
-        proc = _ids(r["server_host"].astype(str), r["server_pid"])
-        conn = _ids(r["worker_host"].astype(str), r["req_sport"], r["req_dport"])
-        srv[np.flatnonzero(sel)] = in_flight(proc, conn, arrival[sel], reply[sel])
-    out["server_conns"] = srv
-    wrk = pd.array(np.zeros(len(req), np.int64), dtype="Int64")
-    wrk[:] = pd.NA
-    sel = req["worker_pid"].notna().to_numpy()
-    if sel.any():
-        r = req[sel]
-        proc = _ids(r["worker_host"].astype(str), r["worker_pid"])
-        conn = _ids(r["server_host"].astype(str), r["req_sport"], r["req_dport"])
-        wrk[np.flatnonzero(sel)] = in_flight(proc, conn, start[sel], end[sel])
-    out["worker_conns"] = wrk
+    out["server_conns"] = _in_flight_of(req, ok & req["server_pid"].notna().to_numpy(),
+                                        "server", "worker", arrival, reply)
+    out["worker_conns"] = _in_flight_of(req, req["worker_pid"].notna().to_numpy(),
+                                        "worker", "server", start, end)
     return out
 
 
