@@ -612,14 +612,14 @@ class StreamDecoder:
         if end > flow.next_offset:
             self._keep_call(flow, c)
             for rel, x in c.view:
-                if type(x) is bytes:
+                if type(x) is bytes or not isinstance(x, int):   # captured bytes (bytes first: most)
                     if rel < skip:
                         x = x[skip - rel:]
                     if x:
                         got = parser.feed(x)
                         if got:
                             out += got
-                elif isinstance(x, int):
+                else:
                     n = x - max(0, skip - rel) if rel < skip else x
                     if n > 0:
                         # a Skip is inside a frame body: parsers/pslite has no skip() yet,
@@ -628,11 +628,6 @@ class StreamDecoder:
                                getattr(parser, "unparsed", parser.gap) if isinstance(x, Hunted) else parser.gap)(n)
                         if got:
                             out += got
-                else:
-                    if rel < skip:
-                        x = x[skip - rel:]
-                    if x:
-                        out += parser.feed(x)
             flow.next_offset = end
             c.view = None   # fed: a kept call needs its times, not its bytes (memory)
             if c.kernel_unsynced and self.on_sync_hint is not None:

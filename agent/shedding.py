@@ -177,7 +177,6 @@ class Shedder:
         self._calm = 0
         return self._set(raised, st.now_ns)
 
-
     def _budget_target(self, st: IntervalStats, total: int, kernel: int) -> float | None:
         """The rate that brings the agent's CPU to BUDGET_TARGET of its budget, when over it."""
         if self.cpu_budget is None or st.cpu_s is None:

@@ -30,14 +30,15 @@ Sources, in order:
   segment queues behind the other 50 of its burst on the way (measured: that
   direction's minimum one-way delay 50-110 us above the wire's), its first
   segment does not; without them the band's middle was off by half of that.
-  The lines offset + drift * t that respect every bound form a convex set (only the minimum-delay samples bind). The drift is
-  the slope of the widest band between the bounds (a ternary search; a run
-  too short to tell the drift, judged by the scatter of per-window midpoints,
-  or a slope within three standard errors of 0, gets 0, or the nearest slope
-  allowed), the offset the middle of that band: with the drift removed, (max L + min U) / 2. The uncertainty is
-  how far any line the samples allow strays from ours anywhere in the run:
-  at least half the smallest round trip on the wire, (min U - max L) / 2, plus
-  what the slope leaves open at the ends of the run. That is exactly what
+  The lines offset + drift * t that respect every bound form a convex set
+  (only the minimum-delay samples bind). The drift is the slope of the widest
+  band between the bounds (a ternary search; a run too short to tell the
+  drift, judged by the scatter of per-window midpoints, or a slope within
+  three standard errors of 0, gets 0, or the nearest slope allowed), the
+  offset the middle of that band: with the drift removed, (max L + min U) / 2.
+  The uncertainty is how far any line the samples allow strays from ours
+  anywhere in the run: at least half the smallest round trip on the wire,
+  (min U - max L) / 2, plus what the slope leaves open at the ends of the run. That is exactly what
   cannot be told apart: an asymmetric path (one way slower than the other)
   looks like an offset; the round-trip sum is exact, the split between
   directions is known only within this uncertainty.

@@ -231,6 +231,13 @@ def agents(health: list[dict]) -> list[dict[str, Any]]:
     return list(groups.values())
 
 
+def agent_writers(a: dict[str, Any]) -> tuple[int, str]:
+    """What an agent's hosts' run dir writers counted, for its row in a health table: rows
+    dropped (summed) and the sampling rates (the distinct ones, "/"-joined)."""
+    return (sum(h["rows_dropped"] for h in a["rows"]),
+            "/".join(sorted({f"{h['sampling_rate']:g}" for h in a["rows"]})))
+
+
 def _agent_name(hosts: list[str]) -> str:
     return hosts[0] if len(hosts) == 1 else f"the agent of {', '.join(hosts)}"
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from agent.errors import UserError
 from reports import components as C
-from reports.findings import agents, pct, us
+from reports.findings import agent_writers, agents, pct, us
 from reports.html_template import PAGE
 from reports.viewmodel import GROUP_ORDER, build_model
 
@@ -406,9 +406,9 @@ def sec_health(p: Page, m: dict) -> None:
             cells.append("-" if c is None else f"{c['seen']:,} / {c['lost']:,}")
         msgs = [h["messages"] for h in hr if isinstance(h["messages"], int)]
         cpu = [h["consumer_cpu_s"] for h in hr if h["consumer_cpu_s"] is not None]
-        cells += [f"{sum(msgs):,}" if msgs else "-", f"{sum(h['rows_dropped'] for h in hr):,}",
-                  f"{max(cpu):.1f}" if cpu else "-", "/".join(sorted({f"{h['sampling_rate']:g}" for h in hr})),
-                  "yes" if all(h["closed"] for h in hr) else "no"]
+        dropped, sampling = agent_writers(a)
+        cells += [f"{sum(msgs):,}" if msgs else "-", f"{dropped:,}",
+                  f"{max(cpu):.1f}" if cpu else "-", sampling, "yes" if all(h["closed"] for h in hr) else "no"]
         rows.append(cells)
     p.add(_table(["agent's hosts"] + [f"{pr} seen / lost" for pr in probes]
                  + ["messages", "rows dropped", "agent CPU s", "sampling", "closed"], rows))

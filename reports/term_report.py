@@ -127,7 +127,7 @@ def clocks_view(m: dict) -> list:
 def health_view(m: dict) -> list:
     """One row per agent: its probe counters are agent-wide, whatever number of hosts
     (namespaces) it wrote; rows dropped are summed over its hosts' writers."""
-    from reports.findings import agent_hosts, agents
+    from reports.findings import agent_hosts, agent_writers, agents
 
     probes = sorted({p for h in m["health"] for p in h["probes"]})
     t = _table("agent health (events seen / lost per probe, per agent)",
@@ -136,9 +136,8 @@ def health_view(m: dict) -> list:
     for a in agents(m["health"]):
         cells = [f"{a['probes'][p]['seen']:,} / {a['probes'][p]['lost']:,}" if p in a["probes"] else "-"
                  for p in probes]
-        rates = sorted({f"{h['sampling_rate']:g}" for h in a["rows"]})
-        t.add_row(agent_hosts(a["hosts"]), *cells, f"{sum(h['rows_dropped'] for h in a['rows']):,}",
-                  "/".join(rates))
+        dropped, sampling = agent_writers(a)
+        t.add_row(agent_hosts(a["hosts"]), *cells, f"{dropped:,}", sampling)
     return [t]
 
 

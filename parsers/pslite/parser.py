@@ -529,7 +529,10 @@ class PsliteStreamParser(ResyncMixin):
                 self._confirm()
         else:
             self._out.append(msg)
-        # _reset_message, inlined (once per message)
+        self._reset_message()
+        self._state = _HEADER
+
+    def _reset_message(self) -> None:
         self._frame_idx = 0
         self._meta = None
         self._sampler = None
@@ -537,14 +540,6 @@ class PsliteStreamParser(ResyncMixin):
             self._hdr.clear()
         if self._body:
             self._body.clear()
-        self._state = _HEADER
-
-    def _reset_message(self) -> None:
-        self._frame_idx = 0
-        self._meta = None
-        self._sampler = None
-        self._hdr.clear()
-        self._body.clear()
 
     # ---------------------------------------------------------------- greeting
     def _greeting_feed(self, mv, pos: int, base: int) -> int:
