@@ -28,14 +28,12 @@ def demo(
     """Trace psbench (2 servers, 4 workers) in a virtual cluster and report where its latency went."""
     import json
 
-    from rich.console import Console
-
     from agent.child import AgentProcess
     from probes.zmq_layout import pyzmq_libzmq
     from reports.dissect import dissect
     from reports.html import write_html
     from reports.summary import summary
-    from reports.term_report import FullReport
+    from reports.term_report import FullReport, report_console
     from reports.viewmodel import build_model
     from workloads.cluster.cluster import Cluster
     from workloads.psbench.launch import launch_in_cluster
@@ -50,7 +48,7 @@ def demo(
         raise UserError("--duration must be > 0 seconds")
     out = out or Path(f"pslat-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    console = Console()
+    console = report_console()
     names = [f"ps{i}" for i in range(servers)] + [f"w{j}" for j in range(workers)]
     console.print(f"[bold]cluster[/]: {len(names)} hosts, wire {wire_delay_ms} ms each way")
     agent_args = [arg for n in names for arg in ("--netns", n)] + ["--lib", str(pyzmq_libzmq())]

@@ -97,6 +97,12 @@ class Page:
                 "legend": {"font": {"size": 11}, "traceorder": "normal"},
                 "plot_bgcolor": "#fff", "font": {"family": "DejaVu Sans, sans-serif", "size": 12}}
         base.update(layout)
+        if "yaxis2" in layout:   # the right axis' labels sit where the legend would: it goes below
+            base["legend"] = {**base["legend"], "orientation": "h", "x": 0, "y": -0.3, "yanchor": "top"}
+            base["margin"] = {**base["margin"], "r": 60, "b": 110}
+            base["height"] = height + 60
+            # its own round ticks (plotly's default aligns them to the left axis' grid: 30.1, 54.1)
+            base["yaxis2"] = {"tickmode": "auto", **layout["yaxis2"]}
         if "title" in base:   # left, clear of the mode bar on the right
             base["title"] = {"x": 0.01, "xanchor": "left", "font": {"size": 13}, **base["title"]}
         self.figures.append({"div": div, "data": data, "layout": base})
@@ -187,13 +193,16 @@ def sec_breakdown(p: Page, m: dict) -> None:
                      "y": [part["hosts"][h]["groups_us"].get(f"group_{g}") for h in hosts],
                      "marker": {"color": GROUP_COLORS[g]}} for g in GROUP_ORDER
                     if any(part["hosts"][h]["groups_us"].get(f"group_{g}") for h in hosts)]
-            data.append({"type": "scatter", "mode": "markers", "name": "e2e p99", "x": [_t(h) for h in hosts],
-                         "y": [part["hosts"][h]["e2e_p99_us"] for h in hosts], "marker": {"symbol": "line-ew-open",
-                                                                                         "size": 18, "color": "#000"}})
+            # p50/p99 as labels over the bars, not as points on their axis: a p99 tens of times the
+            # mean (a run's start-up) squashed the bars to a few pixels
+            tops = [sum(part["hosts"][h]["groups_us"].get(f"group_{g}") or 0 for g in GROUP_ORDER) for h in hosts]
+            notes = [{"x": _t(h), "y": top, "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
+                      "text": _t(f"p50 {us(part['hosts'][h]['e2e_p50_us'])}") + "<br>"
+                      + _t(f"p99 {us(part['hosts'][h]['e2e_p99_us'])}")} for h, top in zip(hosts, tops)]
             extra = f" ({part['left_out']} more hosts not shown)" if part["left_out"] else ""
             grid.append(p.figure(data, {"title": {"text": _t(f"{op} per {side}: mean contribution, us{extra}")},
-                                        "barmode": "stack", "xaxis": {"type": "category"},
-                                        "yaxis": {"title": {"text": "us"}}}))
+                                        "barmode": "stack", "xaxis": {"type": "category"}, "annotations": notes,
+                                        "yaxis": {"title": {"text": "us"}, "range": [0, 1.3 * max(tops + [1])]}}))
         p.add(f'<div class="grid">{"".join(grid)}</div>')
     p.add("</section>")
 
@@ -251,9 +260,9 @@ def sec_concurrency(p: Page, m: dict) -> None:
                      "opacity": 0.25, "marker": {"color": "#888"}})
         grid.append(p.figure(data, {"title": {"text": _t(f"{op}: latency vs connections in flight (server process)")},
                                     "xaxis": {"type": "category", "title": {"text": "connections in flight"}},
-                                    "yaxis": {"title": {"text": "us"}},
+                                    "yaxis": {"title": {"text": "us"}, "rangemode": "tozero"},
                                     "yaxis2": {"overlaying": "y", "side": "right", "showgrid": False,
-                                               "title": {"text": "requests"}}}))
+                                               "rangemode": "tozero", "title": {"text": "requests"}}}))
         data = [{"type": "bar", "name": name, "x": x, "y": [r[f"{k}_us"] for r in rows], "marker": {"color": col}}
                 for name, k, col in (("run-queue wait", "runq_wait", "#e45756"), ("busy elsewhere", "busy_wait", "#72b7b2"))]
         grid.append(p.figure(data, {"title": {"text": _t(f"{op}: server socket wait split (mean, us)")},
@@ -350,7 +359,7 @@ def sec_skew(p: Page, m: dict) -> None:
     if agg:
         grid.append(p.figure([{"type": "bar", "x": [f"top {a['k']:,}" for a in agg],
                                "y": [100 * a["share_removed"] for a in agg], "marker": {"color": "#54a24b"}}],
-                             {"title": {"text": "push bytes removed by aggregating the top-k keys in-network (%)"},
+                             {"title": {"text": "push bytes removed by aggregating the top-k keys (%)"},
                               "xaxis": {"type": "category"}, "yaxis": {"title": {"text": "% of push bytes"}}}))
     p.add(f'<div class="grid">{"".join(grid)}</div>')
     rows = []

@@ -14,7 +14,6 @@ FORMATS = ("term", "json", "parquet", "csv", "html", "trace")
 EXTENSIONS = {".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "term",
               ".html": "html", ".htm": "html"}
 FILE_ONLY = ("parquet", "csv", "html", "trace")  # formats that are not for a terminal
-TERM_WIDTH_FILE = 100
 
 
 def pick_format(fmt: str | None, output: Path | None) -> str:
@@ -69,11 +68,9 @@ def report(
                                "from the traffic", rich_help_panel="Clocks"),
 ) -> None:
     """Pair both ends of every push/pull across hosts and split its latency into host, NIC and wire."""
-    from rich.console import Console
-
     from reports.dissect import dissect
     from reports.summary import summary
-    from reports.term_report import FullReport
+    from reports.term_report import FullReport, report_console
     from reports.viewmodel import build_model
 
     if clocks not in ("auto", "estimate"):
@@ -82,7 +79,7 @@ def report(
     d = dissect(list(run_dirs), force_estimate=clocks == "estimate")
     dirs = list(run_dirs)
     if fmt == "term" and output is None:
-        Console(highlight=False).print(FullReport(build_model(d, dirs)))
+        report_console().print(FullReport(build_model(d, dirs)))
         return
     for p in d.problems:   # the screen view shows them; a file does not reach the user's eyes
         print(f"pslat report: warning: {p}", file=sys.stderr)
@@ -93,8 +90,7 @@ def report(
             return
         _write(output, lambda f: f.write(text))
     elif fmt == "term":
-        _write(output, lambda f: Console(file=f, width=TERM_WIDTH_FILE, color_system=None,
-                                         highlight=False).print(FullReport(build_model(d, dirs))))
+        _write(output, lambda f: report_console(f).print(FullReport(build_model(d, dirs))))
     elif fmt == "html":
         from reports.html import write_html
         _guard_write(output, lambda: write_html(d, output, dirs))

@@ -1,6 +1,6 @@
 """The full terminal report: findings first, then the sections of the HTML report as tables.
 
-    Console(width=100).print(FullReport(build_model(d, run_dirs)))
+    report_console().print(FullReport(build_model(d, run_dirs)))
 
 The breakdown per op is the dissection's compact view (reports.render_term,
 drawn from the JSON summary); this adds what the study asks beyond it:
@@ -10,6 +10,7 @@ bold/dim, never colour alone).
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich import box
@@ -21,6 +22,16 @@ from reports.findings import pct, us
 from reports.render_term import SummaryView
 
 MAX_CLOCK_ROWS = 12
+WIDTH_COLUMNS = 100   # what the report is laid out for
+
+
+def report_console(file=None) -> Console:
+    """A terminal's own width; WIDTH_COLUMNS and no colour for a file or pipe, where rich would
+    take 80 columns and wrap cells across lines (a log, `| less`, the demo's output)."""
+    out = file if file is not None else sys.stdout
+    if out.isatty():
+        return Console(file=file, highlight=False)
+    return Console(file=file, width=WIDTH_COLUMNS, color_system=None, highlight=False)
 
 
 def _table(title: str, cols: list[tuple[str, str]]) -> Table:

@@ -123,3 +123,21 @@ def test_worker_only_run_names_the_untraced_side(tmp_path):
     page = render(m)
     section = page[page.index('<section id="concurrency">'):page.index('<section id="connections">')]
     assert "No server side counted" in section and ">server</td>" not in section
+
+
+def test_per_host_bars_keep_their_scale_under_a_long_tail(run):
+    """A host's e2e p99 far above its mean (a run's start-up) is a label over its bar, not a point
+    on the bars' axis that would squash them to a few pixels."""
+    _, _, _, m = run
+    m = json.loads(json.dumps(m, default=str))
+    hosts = m["breakdown"]["pull"]["by_server"]["hosts"]
+    bars_us = [sum(v or 0 for v in h["groups_us"].values()) for h in hosts.values()]
+    hosts["ps0"]["e2e_p99_us"] = 100 * max(bars_us)
+    html = render(m)
+    data = re.search(r'<script type="application/json" id="pslat-data">(.*?)</script>', html, re.S).group(1)
+    fig = next(f for f in json.loads(data)["figures"]
+               if f["layout"].get("title", {}).get("text", "").startswith("pull per server"))
+    assert max(bars_us) < fig["layout"]["yaxis"]["range"][1] < 2 * max(bars_us)
+    labels = [a["text"] for a in fig["layout"]["annotations"]]
+    assert len(labels) == len(hosts) and all(t.startswith("p50 ") and "<br>p99 " in t for t in labels)
+    assert all(trace["type"] == "bar" for trace in fig["data"])
