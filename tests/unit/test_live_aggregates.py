@@ -4,6 +4,7 @@ table the same replay writes, and on hand-made rows for the folding rules."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -126,12 +127,27 @@ def test_merge_adds_counts_and_keeps_quantiles(replayed):
         merge_snapshots([dict(snap, edges_ns=EDGES_NS[:-1])])
 
 
+def _same_but_agents(saved: Path, snap: dict) -> None:
+    if os.environ.get("PSLAT_UPDATE_GOLDEN") == "1":
+        saved.write_text(json.dumps(snap))
+    strip = lambda s: {k: v for k, v in s.items() if k != "agents"}
+    assert strip(json.loads(saved.read_text())) == strip(json.loads(json.dumps(snap)))
+
+
 def test_saved_snapshot_is_what_the_replay_gives(replayed):
     """tests/data/live/psbench.snapshot.json (the top golden files' input) is current."""
-    _, snap, _ = replayed
-    saved = json.loads(SNAPSHOT.read_text())
-    strip = lambda s: {k: v for k, v in s.items() if k != "agents"}
-    assert strip(saved) == strip(json.loads(json.dumps(snap)))
+    _same_but_agents(SNAPSHOT, replayed[1])
+
+
+def test_saved_netstack_snapshot_is_what_the_replay_gives(tmp_path):
+    """tests/data/live/netstack.snapshot.json (top's golden screens with the host/network split)
+    is what the recording with every probe (tests/data/agent/netstack.rec.gz) gives."""
+    live = LiveAggregates(agent="recorded")
+    replay(DATA / "agent" / "netstack.rec.gz", tmp_path, live=live)
+    snap = live.snapshot()
+    client = [g for g in snap["groups"] if g["role"] == "client"]
+    assert client and all("network_and_remote" in g["hists"] and "unsplit" not in g["hists"] for g in client)
+    _same_but_agents(DATA / "live" / "netstack.snapshot.json", snap)
 
 
 def _row(**kw):

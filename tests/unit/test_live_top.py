@@ -1,5 +1,6 @@
-"""`pslat top` drawn from a saved snapshot (tests/data/live/psbench.snapshot.json, the
-recorded psbench run's): golden screens at 80x24 and 140 columns, without colour.
+"""`pslat top` drawn from saved snapshots (tests/data/live/psbench.snapshot.json, the recorded
+psbench run's without the netstack probe, and netstack.snapshot.json, with every probe): golden
+screens at 80x24 and 140 columns, without colour.
 PSLAT_UPDATE_GOLDEN=1 rewrites the golden files (look at the diff before committing)."""
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from agent.top import _agent_addr, fetch, render_text
 ROOT = Path(__file__).resolve().parents[2]
 LIVE = ROOT / "tests" / "data" / "live"
 SNAP = LIVE / "psbench.snapshot.json"
+SNAP_NETSTACK = LIVE / "netstack.snapshot.json"
 UPDATE = os.environ.get("PSLAT_UPDATE_GOLDEN") == "1"
 
 
@@ -57,6 +59,30 @@ def test_wide_terminal_gets_more_columns_and_a_longer_bar(detail):
     assert len(bars) == 4 and all(sum(ln.count(c) for c in bar_chars) >= 60 for ln in bars)
     assert ("S server user" in text) == detail
     _golden(f"top_140{'_detail' if detail else ''}.txt", text)
+
+
+def test_host_and_network_split_with_every_probe():
+    """With the netstack probe the bar splits this host's time: the client's host part and the
+    network-and-remote part (on loopback the server's time is in it), the server's all host; `d`'s
+    detail names kernel, user and server parts."""
+    snap = json.loads(SNAP_NETSTACK.read_text())
+    text = render_text(snap, 80, 24)
+    _fits(text, 80, 24)
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith("pslat-rec")]
+    assert len(rows) == 4
+    for row in rows:
+        bar = row[-1]
+        if row[1] == "cli":
+            assert "█" in bar and "░" in bar and "·" not in bar, text
+        else:
+            assert set(bar) == {"█"}, text
+    assert "connects 26, accepts 25, closed 56" in text
+    _golden("top_80x24_netstack.txt", text)
+    detail = render_text(snap, 140, 40, detail=True)
+    _fits(detail, 140, 40)
+    bars = [ln.split()[-1] for ln in detail.splitlines() if ln.startswith("pslat-rec")]
+    assert all(set("u~KU") <= set(b) for b in bars[:2]) and all(set(b) == set("KS") for b in bars[2:]), detail
+    _golden("top_140_detail_netstack.txt", detail)
 
 
 def test_many_groups_fit_24_lines_with_a_more_row():
