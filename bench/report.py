@@ -13,9 +13,15 @@ the child times each stage (read + dissect, summary + JSON, HTML) and reads
 its peak RSS (VmHWM: Linux carries ru_maxrss over exec from the process that
 spawned the child, so the child's own high-water mark is the honest one).
 
+Each size's HTML is then loaded in headless Chromium (bench/browser.py), timed
+from navigation to every plot drawn, with console errors counted (--no-browser
+skips it).
+
 Prints one line per size, the per-request cost at each size and how it grows
 (the exponent k of time ~ requests^k: 1 is linear), then one JSON line (last).
-Target (issue 6): 1M requests to JSON + HTML in under 30 s, growth close to linear.
+Targets: 1M requests to JSON + HTML in under 30 s, growth close to linear
+(issue 6); the HTML of 1M requests under 20 MB, loaded in Chromium in under 5 s
+(issue 5).
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ from pathlib import Path
 from bench.common import at_least, json_line, linear_fit
 
 TARGET_1M_S = 30.0
+TARGET_HTML_MB = 20.0
+TARGET_LOAD_S = 5.0
 STAGES = ("dissect_s", "summary_json_s", "html_s")
 
 
@@ -125,12 +133,31 @@ def _child(argv: list[str]) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run_size(n: int, workers: int, servers: int, seed: int) -> dict:
+def load_in_browser(page: Path, tmp: Path) -> dict:
+    """Navigation to every plot drawn in headless Chromium, and what went wrong on the way."""
+    from bench.browser import Browser, chromium_missing
+
+    why = chromium_missing()
+    if why:
+        return {"skipped": why}
+    b = Browser(tmp / "chromium")
+    try:
+        r = b.open(page.resolve().as_uri(), timeout_s=120)
+    finally:
+        b.close()
+    return {"load_s": r.load_s, "ready": bool(r.state.get("ready")), "plots": r.state.get("plots"),
+            "plots_expected": r.state.get("expected"),
+            "errors": len(r.exceptions) + len(r.console_errors) + len(r.state.get("errors") or [])}
+
+
+def run_size(n: int, workers: int, servers: int, seed: int, browser: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"pslat-bench-report-{n}-") as tmp:
         root = Path(tmp) / "run"
         root.mkdir()
         gen = _child(["generate", str(root), str(n), str(workers), str(servers), str(seed)])
         m = _child(["measure", str(root), str(Path(tmp) / "report.html")])
+        if browser:
+            m["browser"] = load_in_browser(Path(tmp) / "report.html", Path(tmp))
     m.update(generated=gen, size=n)
     m["us_per_request"] = per_request_us(m["total_s"], m["requests"])
     for s in STAGES:
@@ -144,7 +171,18 @@ def describe(m: dict) -> str:
             f"summary JSON {m['summary_json_s']:.2f} s, HTML {m['html_s']:.2f} s ({m['html_bytes'] / 2**20:.1f} MiB); "
             f"total {m['total_s']:.2f} s = {m['us_per_request']:.1f} us/request ({m['cpu_s']:.2f} s CPU, load "
             f"{m['load_avg_1m']:.1f}); peak RSS {m['hwm_after_json_mb']:,.0f} "
-            f"MB for JSON, {m['hwm_mb']:,.0f} MB with HTML ({m['hwm_after_imports_mb']:.0f} MB after imports)")
+            f"MB for JSON, {m['hwm_mb']:,.0f} MB with HTML ({m['hwm_after_imports_mb']:.0f} MB after imports)"
+            + _browser_text(m.get("browser")))
+
+
+def _browser_text(b: dict | None) -> str:
+    if b is None:
+        return ""
+    if "skipped" in b:
+        return f"; Chromium: not loaded ({b['skipped']})"
+    if not b["ready"]:
+        return f"; Chromium: NOT every plot drawn ({b['plots']} of {b['plots_expected']}), {b['errors']} errors"
+    return f"; Chromium: {b['plots']} plots drawn in {b['load_s']:.2f} s, {b['errors']} errors"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,13 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=at_least(1), default=32, help="worker hosts [%(default)s]")
     ap.add_argument("--servers", type=at_least(1), default=8, help="server hosts [%(default)s]")
     ap.add_argument("--seed", type=at_least(0), default=1, help="simulation seed [%(default)s]")
+    ap.add_argument("--no-browser", action="store_true", help="do not load the HTML in Chromium")
     a = ap.parse_args(argv)
     if any(n < a.workers for n in a.sizes):
         ap.error(f"--sizes: each size needs at least one request per worker ({a.workers})")
     t_start = time.monotonic()
     rows = []
     for n in a.sizes:
-        m = run_size(n, a.workers, a.servers, a.seed)
+        m = run_size(n, a.workers, a.servers, a.seed, browser=not a.no_browser)
         print(describe(m), flush=True)
         rows.append(m)
     sizes = [m["requests"] for m in rows]
@@ -182,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     big = next((m for m in rows if m["requests"] >= 1_000_000), None)
     out["total_1m_s"] = big["total_s"] if big else None
     out["meets_1m_target"] = None if big is None else big["total_s"] < TARGET_1M_S
+    loaded = (big or {}).get("browser") or {}
+    out["html_1m_mb"] = big["html_bytes"] / 2**20 if big else None
+    out["load_1m_s"] = loaded.get("load_s") if loaded.get("ready") and not loaded.get("errors") else None
+    out["meets_html_1m_target"] = None if out["html_1m_mb"] is None or "skipped" in loaded else \
+        out["html_1m_mb"] < TARGET_HTML_MB and out["load_1m_s"] is not None and out["load_1m_s"] < TARGET_LOAD_S
     print("per-request cost: " + ", ".join(f"{m['requests']:,}: {m['us_per_request']:.1f} us" for m in rows) +
           (f"; time ~ requests^{k:.2f} overall" if k is not None else "") +
           (f", ^{k_last:.2f} from {sizes[-2]:,} to {sizes[-1]:,} (1 = linear)" if k_last is not None else ""),
@@ -192,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     if big:
         print(f"1M requests to JSON + HTML: {big['total_s']:.1f} s (target < {TARGET_1M_S:g} s: "
               f"{'meets' if out['meets_1m_target'] else 'misses'})", flush=True)
+    if big and out["meets_html_1m_target"] is not None:
+        print(f"1M requests' HTML: {out['html_1m_mb']:.1f} MB, "
+              + (f"every plot drawn in Chromium in {out['load_1m_s']:.2f} s" if out["load_1m_s"] is not None
+                 else "NOT loaded cleanly in Chromium")
+              + f" (target < {TARGET_HTML_MB:g} MB and < {TARGET_LOAD_S:g} s: "
+              f"{'meets' if out['meets_html_1m_target'] else 'misses'})", flush=True)
     out["config"] = {"workers": a.workers, "servers": a.servers, "seed": a.seed,
                      "elapsed_s": round(time.monotonic() - t_start, 1)}
     print(json_line(out), flush=True)

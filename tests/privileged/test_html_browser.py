@@ -11,7 +11,7 @@ from reports.dissect import dissect
 from reports.html import write_html
 from reports.simulate import Sim, simulate
 from reports.simulate_views import ViewSim, add_views
-from test_html_browser_cdp import ARTIFACTS, Browser, chromium_missing
+from bench.browser import ARTIFACTS, Browser, chromium_missing
 
 pytestmark = pytest.mark.privileged
 

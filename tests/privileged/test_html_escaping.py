@@ -28,7 +28,7 @@ from agent.rundir import META_FILE
 from probes.zmq_layout import pyzmq_libzmq
 from workloads.psbench.launch import launch
 from workloads.psbench.options import Workload
-from test_html_browser_cdp import ARTIFACTS, Browser, chromium_missing
+from bench.browser import ARTIFACTS, Browser, chromium_missing
 
 pytestmark = pytest.mark.privileged
 

@@ -44,3 +44,8 @@ def test_line_shows_wall_cpu_and_load():
          "hwm_after_imports_mb": 111.0}
     line = describe(m)
     assert "total 26.10 s" in line and "24.50 s CPU" in line and "load 5.3" in line and "2,450 MB" in line
+    assert "Chromium" not in line
+    m["browser"] = {"load_s": 3.14, "ready": True, "plots": 19, "plots_expected": 19, "errors": 0}
+    assert describe(m).endswith("; Chromium: 19 plots drawn in 3.14 s, 0 errors")
+    m["browser"] = {"load_s": 120.0, "ready": False, "plots": 3, "plots_expected": 19, "errors": 1}
+    assert "NOT every plot drawn (3 of 19), 1 errors" in describe(m)

@@ -1,6 +1,5 @@
-"""Headless Chromium driven over the DevTools protocol, for the HTML report's browser tests.
-
-No tests here: the helpers the browser tests share. Chromium runs as root with
+"""Headless Chromium driven over the DevTools protocol: the browser in which the HTML report's
+tests (tests/privileged/test_html_*.py) and bench/report load it. Chromium runs as root with
 --no-sandbox (what root needs), a fresh profile, and nothing that talks to the
 network. Readiness is signalled, never slept on: DevToolsActivePort appears
 when the browser listens; the page sets window.__pslat.ready when every plot
