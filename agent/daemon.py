@@ -348,13 +348,18 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         deadline = time.monotonic() + o.duration_s if o.duration_s else None
         next_counters = time.monotonic() + COUNTERS_INTERVAL_S
         lost_seen: dict[str, int] = {}
+        last_watermark = attached_ns
         while stop["why"] is None:
             c0 = time.thread_time()
-            watermark = time.monotonic_ns()   # everything before it is in the rings now
+            t0_ns = time.monotonic_ns()
             emptied = live.drain()
-            shedding.drained(time.monotonic_ns() / 1e9 - watermark / 1e9, emptied)
-            if emptied:   # else older events are still in the rings: no watermark yet
+            shedding.drained(time.monotonic_ns() / 1e9 - t0_ns / 1e9, emptied)
+            # the drain's start when it emptied the rings; when cut short, how far the
+            # laggard ring got (agent/delivered.py), so groups settle while behind too
+            watermark = live.delivered.watermark_ns()
+            if watermark is not None and watermark > last_watermark:
                 sink(NOTE_PROBE, b'{"watermark_ns": %d}' % watermark)
+                last_watermark = watermark
             live.rescan()
             pipeline.cpu_s += time.thread_time() - c0
             if emptied:   # behind: go straight on draining

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
+from agent.delivered import Delivered
 from agent.errors import UserError
 
 Sink = Callable[[str, bytes], None]
@@ -317,6 +318,27 @@ def kernel_probes(netstack: bool = True) -> list:
     return probes + [NETSTACK]
 
 
+def latest_ts_ns(probe: str, raw: bytes) -> int | None:
+    """The latest timestamp an event of `probe` carries: no later than when the probe output
+    it (agent/delivered.py). None when the event cannot say."""
+    if probe == "sockcalls":
+        from probes.events import SockcallEvent
+        at = SockcallEvent.exit_ts_ns.offset
+    elif probe == "framework":
+        from probes.framework import FwEvent
+        at = FwEvent.ret_ts_ns.offset
+    elif probe == "netstack":
+        from probes.events import NetstackEvent
+        try:
+            ev = NetstackEvent.decode(raw)
+        except ValueError:
+            return None
+        return max((getattr(ev, n) for n, _ in ev._fields_ if n.startswith("ts_")), default=None)
+    else:
+        return None
+    return int.from_bytes(raw[at:at + 8], "little") if len(raw) >= at + 8 else None
+
+
 def _framework_tap_class():
     """FrameworkProbe that hands raw events on (for recording and for the same
     decoders as replay) instead of assembling them itself, and can take more
@@ -328,7 +350,7 @@ def _framework_tap_class():
 
     class FrameworkTap(FrameworkProbe):
         def __init__(self, targets, sink: Sink, keep: Callable[[int], bool],
-                     budget_left: Callable[[], int], **kw):
+                     budget_left: Callable[[str, bytes], int], **kw):
             super().__init__(targets, **kw)
             self._sink = sink
             self._keep = keep
@@ -341,7 +363,7 @@ def _framework_tap_class():
                 self.dropped_other_process += 1
             else:
                 self._sink("framework", raw)
-            return self._budget_left()
+            return self._budget_left("framework", raw)
 
         def add_target(self, t) -> str | None:
             """Attach one more library; returns why not, or None."""
@@ -392,7 +414,7 @@ def _vsize(tgid: int) -> int | None:
 
 @dataclass
 class LiveSource:
-    """The probes, attached. poll() delivers raw events to the sink."""
+    """The probes, attached. drain() delivers raw events to the sink."""
     sel: Selection
     sink: Sink
     warn: Callable[[str], None] = field(default=lambda msg: print(f"pslat agent: {msg}", file=sys.stderr))
@@ -405,7 +427,9 @@ class LiveSource:
         self.framework = None
         self.selector = ProcessSelector(self.sel)
         self._drain_deadline = float("inf")   # no budget outside drain()
-        self._drain_cut = False
+        self._cut: tuple[str, bytes] | None = None   # (ring, last event) where a drain's budget ran out
+        self.delivered = Delivered()          # how far each ring is consumed: the watermark
+        self._readers: list[tuple[str, object]] = []   # (probe, probes.loader.RingReader) per kernel ring
         self._probed: set[tuple] = set()      # (library, layer, pid or None)
         self._known_tgids: set[int] = set()
         self._lib_wait: dict[int, float] = {}   # tgid -> when first seen without a framework library
@@ -454,15 +478,20 @@ class LiveSource:
             # until start() returns, and the kernel probes' compile is the long one
             # (seconds on a busy machine), which would overflow the framework ring. The
             # first messages then lack their framework record (and say so).
+            from probes.loader import RingReader
+
+            loaded_ns = time.monotonic_ns()   # no kernel probe is attached before this
             self.program = self._load_kernel_probes()   # the walker installed before any probe attached
             for probe in self.program.generated.probes:
                 name = probe.name
 
-                def callback(_ctx, data, size, name=name):
-                    self.sink(name, ctypes.string_at(data, size))
-                    return self._budget_left()
+                def callback(data, size, name=name):
+                    raw = ctypes.string_at(data, size)
+                    self.sink(name, raw)
+                    return self._budget_left(name, raw)
 
-                self.program.bpf[probe.ring.encode()].open_ring_buffer(callback)
+                self._readers.append((name, RingReader(self.program.bpf, probe.ring, callback)))
+                self.delivered.add_ring(name, loaded_ns)
             for lib in self.sel.libs:
                 self._probe_library(Path(lib), None)
             self.rescan(force=True)
@@ -554,6 +583,7 @@ class LiveSource:
         target = Target(library, layer, pid)
         if self.framework is None:
             t0 = time.perf_counter()
+            self.delivered.add_ring("framework", time.monotonic_ns())
             self.framework = _framework_tap_class()([target], self.sink, self.selector.selected,
                                                     self._budget_left, ringbuf_pages=FRAMEWORK_RING_PAGES)
             self.framework.start()
@@ -566,14 +596,6 @@ class LiveSource:
             self.warn(f"framework boundary not traced in {library}: {why}")
 
     # -- running ------------------------------------------------------------
-    def poll(self, timeout_ms: int = 100) -> None:
-        if self.framework is not None:
-            self.framework.drain()
-        self.program.poll(timeout_ms)
-        if self.framework is not None:
-            self.framework.drain()
-        self.rescan()
-
     def sync_hint(self, sk: int, tx: bool, seq: int, frame_index: int) -> None:
         """Tell the kernel's ZMTP walker where a frame starts (a direction joined mid-stream)."""
         from probes import sockcalls
@@ -592,21 +614,34 @@ class LiveSource:
         """Consumes what the rings hold, for at most about budget_s; True when
         they were emptied. A consumer slower than the job would otherwise never
         return (libbpf keeps consuming while records arrive), and signals,
-        counters and live views would wait for the job to end."""
-        self._drain_cut = False
-        # each source gets its own share, or a busy one would starve the other
-        sources = [self.program.consume] + ([self.framework.drain] if self.framework is not None else [])
-        for consume in sources:
-            self._drain_deadline = time.monotonic() + budget_s / len(sources)
+        counters and live views would wait for the job to end. How far each
+        ring got is in self.delivered (agent/delivered.py)."""
+        start_ns = time.monotonic_ns()
+        # each ring gets its own share, or a busy one would starve the others; one far
+        # ahead of the laggard waits (agent/delivered.py)
+        sources = [(name, reader.consume) for name, reader in self._readers]
+        if self.framework is not None:
+            sources.append(("framework", self.framework.drain))
+        active = [(ring, consume) for ring, consume in sources if not self.delivered.ahead(ring)]
+        emptied = len(active) == len(sources)
+        for ring, consume in active:
+            self._cut = None
+            self._drain_deadline = time.monotonic() + budget_s / len(active)
             consume()
+            if self._cut is None:
+                self.delivered.emptied(ring, start_ns)
+            else:
+                self.delivered.cut(ring, start_ns, latest_ts_ns(*self._cut))
+                emptied = False
         self._drain_deadline = float("inf")
-        return not self._drain_cut
+        self._cut = None
+        return emptied
 
-    def _budget_left(self) -> int:
+    def _budget_left(self, ring: str, raw: bytes) -> int:
         """0: go on; -1 stops libbpf's consume loop after this record (it is consumed)."""
         if time.monotonic() < self._drain_deadline:
             return 0
-        self._drain_cut = True
+        self._cut = (ring, raw)
         return -1
 
     def counters(self) -> dict[str, dict[str, int]]:
@@ -622,6 +657,9 @@ class LiveSource:
         if self.framework is not None:
             self.framework.close()
             self.framework = None
+        for _name, reader in self._readers:
+            reader.close()
+        self._readers = []
         if self.program is not None:
             self.program.close()
             self.program = None
