@@ -356,12 +356,16 @@ def sec_skew(p: Page, m: dict) -> None:
                             "xaxis": {"type": "log", "title": {"text": "rank"}},
                             "yaxis": {"type": "log", "title": {"text": "updates"}}})]
     agg = k.get("push", {}).get("aggregation") if "push" in ops else None
-    if agg:
+    single = agg and not any(a["share_removed"] for a in agg)   # a chart of zeros says less than a line
+    if agg and not single:
         grid.append(p.figure([{"type": "bar", "x": [f"top {a['k']:,}" for a in agg],
                                "y": [100 * a["share_removed"] for a in agg], "marker": {"color": "#54a24b"}}],
                              {"title": {"text": "push bytes removed by aggregating the top-k keys (%)"},
                               "xaxis": {"type": "category"}, "yaxis": {"title": {"text": "% of push bytes"}}}))
     p.add(f'<div class="grid">{"".join(grid)}</div>')
+    if single:
+        p.add("<p>In-network aggregation would remove no push bytes here: each key's pushes come "
+              "from one worker, and aggregation merges the pushes of several.</p>")
     rows = []
     for op in ops:
         o = k[op]

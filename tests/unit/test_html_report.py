@@ -141,3 +141,16 @@ def test_per_host_bars_keep_their_scale_under_a_long_tail(run):
     labels = [a["text"] for a in fig["layout"]["annotations"]]
     assert len(labels) == len(hosts) and all(t.startswith("p50 ") and "<br>p99 " in t for t in labels)
     assert all(trace["type"] == "bar" for trace in fig["data"])
+
+
+def test_one_worker_gets_a_line_not_a_chart_of_zeros(tmp_path):
+    """With one worker no key's pushes can be merged: the aggregation chart would be all zeros."""
+    simulate(tmp_path, Sim(requests=60, seed=3, workers=1, servers=1))
+    add_views(tmp_path, ViewSim(keys_per_request=16, key_space=2_000))
+    dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    page = render(build_model(dissect(dirs), dirs))
+    section = page[page.index('<section id="skew">'):page.index('<section id="clocks">')]
+    assert "would remove no push bytes here" in section
+    figs = json.loads(re.search(r'<script type="application/json" id="pslat-data">(.*?)</script>', page,
+                                re.S).group(1))["figures"]
+    assert not any("aggregating" in f["layout"].get("title", {}).get("text", "") for f in figs)
