@@ -51,6 +51,15 @@ def us(x: float | None) -> str:
     return f"{x:,.1f} us"
 
 
+NO_AGGREGATION = ("In-network aggregation would remove no push bytes here: each key's pushes come from "
+                  "one worker, and aggregation merges the pushes of several.")
+
+
+def aggregation_removes_nothing(aggregation: list[dict]) -> bool:
+    """Every top-k share is 0: one worker per key (a chart or list of zeros says less than a line)."""
+    return not any(a["share_removed"] for a in aggregation)
+
+
 def pct(x: float | None) -> str:
     if x is None:
         return "-"
@@ -173,7 +182,9 @@ def skew_findings(m: dict) -> list[str]:
         if o.get("zipf_s") is not None:
             s += f"; Zipf exponent ~{o['zipf_s']:.2f}"
         s += f"; {how}."
-        if op == "push" and o.get("aggregation"):
+        if op == "push" and o.get("aggregation") and aggregation_removes_nothing(o["aggregation"]):
+            s += " " + NO_AGGREGATION
+        elif op == "push" and o.get("aggregation"):
             agg = {a["k"]: a["share_removed"] for a in o["aggregation"]}
             pick = [k_ for k_ in (10, 100, 1000) if k_ in agg] or list(agg)[:1]
             s += (" Aggregating the hottest " + ", ".join(f"{k_:,}" for k_ in pick) + " keys in the network "

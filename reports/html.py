@@ -23,7 +23,7 @@ from typing import Any
 
 from agent.errors import UserError
 from reports import components as C
-from reports.findings import agent_writers, agents, pct, us
+from reports.findings import NO_AGGREGATION, agent_writers, agents, aggregation_removes_nothing, pct, us
 from reports.html_template import PAGE
 from reports.viewmodel import GROUP_ORDER, build_model
 
@@ -356,7 +356,7 @@ def sec_skew(p: Page, m: dict) -> None:
                             "xaxis": {"type": "log", "title": {"text": "rank"}},
                             "yaxis": {"type": "log", "title": {"text": "updates"}}})]
     agg = k.get("push", {}).get("aggregation") if "push" in ops else None
-    single = agg and not any(a["share_removed"] for a in agg)   # a chart of zeros says less than a line
+    single = agg and aggregation_removes_nothing(agg)
     if agg and not single:
         grid.append(p.figure([{"type": "bar", "x": [f"top {a['k']:,}" for a in agg],
                                "y": [100 * a["share_removed"] for a in agg], "marker": {"color": "#54a24b"}}],
@@ -364,8 +364,7 @@ def sec_skew(p: Page, m: dict) -> None:
                               "xaxis": {"type": "category"}, "yaxis": {"title": {"text": "% of push bytes"}}}))
     p.add(f'<div class="grid">{"".join(grid)}</div>')
     if single:
-        p.add("<p>In-network aggregation would remove no push bytes here: each key's pushes come "
-              "from one worker, and aggregation merges the pushes of several.</p>")
+        p.add(f"<p>{esc(NO_AGGREGATION)}</p>")
     rows = []
     for op in ops:
         o = k[op]

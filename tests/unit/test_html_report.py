@@ -151,6 +151,7 @@ def test_one_worker_gets_a_line_not_a_chart_of_zeros(tmp_path):
     page = render(build_model(dissect(dirs), dirs))
     section = page[page.index('<section id="skew">'):page.index('<section id="clocks">')]
     assert "would remove no push bytes here" in section
+    assert any("would remove no push bytes here" in f for f in build_model(dissect(dirs), dirs)["findings"])
     figs = json.loads(re.search(r'<script type="application/json" id="pslat-data">(.*?)</script>', page,
                                 re.S).group(1))["figures"]
     assert not any("aggregating" in f["layout"].get("title", {}).get("text", "") for f in figs)
