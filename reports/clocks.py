@@ -38,10 +38,10 @@ Sources, in order:
   offset the middle of that band: with the drift removed, (max L + min U) / 2.
   The uncertainty is how far any line the samples allow strays from ours
   anywhere in the run: at least half the smallest round trip on the wire,
-  (min U - max L) / 2, plus what the slope leaves open at the ends of the run. That is exactly what
-  cannot be told apart: an asymmetric path (one way slower than the other)
-  looks like an offset; the round-trip sum is exact, the split between
-  directions is known only within this uncertainty.
+  (min U - max L) / 2, plus what the slope leaves open at the ends of the
+  run. That is exactly what cannot be told apart: an asymmetric path (one way
+  slower than the other) looks like an offset; the round-trip sum is exact,
+  the split between directions is known only within this uncertainty.
 - none: traffic in one direction only, nothing else known: the pair's
   requests keep their server side out (`network_and_remote`).
 """

@@ -182,12 +182,11 @@ def skew_findings(m: dict) -> list[str]:
         if o.get("zipf_s") is not None:
             s += f"; Zipf exponent ~{o['zipf_s']:.2f}"
         s += f"; {how}."
-        if op == "push" and o.get("aggregation") and aggregation_removes_nothing(o["aggregation"]):
-            s += " " + NO_AGGREGATION
-        elif op == "push" and o.get("aggregation"):
+        if op == "push" and o.get("aggregation"):
             agg = {a["k"]: a["share_removed"] for a in o["aggregation"]}
             pick = [k_ for k_ in (10, 100, 1000) if k_ in agg] or list(agg)[:1]
-            s += (" Aggregating the hottest " + ", ".join(f"{k_:,}" for k_ in pick) + " keys in the network "
+            s += (" " + NO_AGGREGATION if aggregation_removes_nothing(o["aggregation"]) else
+                  " Aggregating the hottest " + ", ".join(f"{k_:,}" for k_ in pick) + " keys in the network "
                   "would remove up to " + ", ".join(pct(agg[k_]) for k_ in pick) + " of push bytes "
                   "(if each round's pushes of a key meet at the switch).")
         out.append(s)

@@ -435,8 +435,9 @@ def test_agent_with_a_full_output_disk_goes_on_and_says_so(tmp_path):
         try:
             rss = []
             # Open loop at a rate the agent follows: closed loop outruns it, and while it
-            # sheds load its RSS climbs with the backlog it decodes (to 470-810 MB here,
-            # then flat), full disk or not; that climb is not what this test is about.
+            # sheds load its RSS climbs with the backlog it decodes (to 400-560 MB here since
+            # the rings are read in step, 470-810 MB before; then flat), full disk or not;
+            # that climb is not what this test is about.
             with psbench(tmp_path / "ps", duration_s=8, servers=1, workers=2, rate=300) as job:
                 job.wait_ready()
                 full = wait_for("the agent to say the disk is full",
