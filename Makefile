@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-unit bench clean
+.PHONY: setup demo test test-unit bench fuzz clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,10 @@ test-unit: setup
 
 bench: setup
 	$(PY) -m bench
+
+# every fuzz target coverage-guided (atheris): FUZZ_ARGS="--seconds 60 pslite_stream"
+fuzz: setup
+	$(PY) -m fuzz $(FUZZ_ARGS)
 
 clean:
 	-$(VENV)/bin/pslat cluster down

@@ -1,0 +1,42 @@
+"""Fuzz target: one direction of a ps-lite/ZMTP stream, in any chunking, with gaps.
+
+The first two bytes choose how the rest is fed: byte 0's low bit starts the parser
+mid-stream, its other bits pick the chunk size (1-128 bytes, or whole); byte 1 says
+every how many chunks a gap of a few bytes is announced (0: never). After close()
+every byte must be accounted for exactly once (ParserStats' invariant)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from parsers.pslite.parser import PsliteStreamParser
+
+KIND = "parser"
+_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "pslite"
+
+
+def seeds() -> list[bytes]:
+    out = []
+    for name in ("psbench.streams.bin", "mxnet.w2s.dealer.bin", "mxnet.s2w.dealer.bin",
+                 "pslite.w2s.router.bin"):
+        raw = (_DATA / name).read_bytes()
+        # short inputs: a few messages each, so the fuzzer runs thousands a second
+        out += [b"\x00\x00" + raw[:768], b"\x21\x00" + raw[:300], b"\x03\x07" + raw[1000:1600]]
+    return out
+
+
+def one_input(data: bytes) -> None:
+    if len(data) < 2:
+        return
+    mode, gaps, body = data[0], data[1], memoryview(data[2:])
+    chunk = ((mode >> 1) % 129) or len(body) or 1
+    p = PsliteStreamParser(mid_stream=bool(mode & 1))
+    msgs = 0
+    for i, at in enumerate(range(0, len(body), chunk)):
+        msgs += len(p.feed(body[at:at + chunk]))
+        if gaps and i % gaps == gaps - 1:
+            msgs += len(p.gap(1 + i % 7))
+    msgs += len(p.close())
+    s = p.stats()
+    assert s.fed_bytes + s.gap_bytes == (s.message_bytes + s.handshake_bytes + s.unparsed_bytes
+                                         + s.lost_bytes + s.pending_bytes), s
+    assert s.messages == msgs, (s.messages, msgs)
