@@ -368,6 +368,10 @@ def _framework_tap_class():
         def add_target(self, t) -> str | None:
             """Attach one more library; returns why not, or None."""
             from probes.framework import POINTS
+            from probes.libtrust import refusal
+            why = refusal(t.library, t.owner_pid)
+            if why:
+                return why
             if t.layer == "zmq":
                 if self.layout is None:
                     return "the framework probe was built without a libzmq layout"
@@ -564,9 +568,16 @@ class LiveSource:
             elif vsize is not None:
                 self._vsize_seen[tgid] = vsize
             for t in targets:
-                self._probe_library(t.library, tgid if not self.sel.dynamic else None, t.layer)
+                try:
+                    self._probe_library(t.library, tgid if not self.sel.dynamic else None, t.layer,
+                                        found_in=tgid)
+                except UserError as e:
+                    # a library any process maps must not stop the agent (it may be
+                    # a user's decoy): say so once and trace the rest
+                    self.warn(f"framework boundary not traced in process {tgid}: {e}")
 
-    def _probe_library(self, library: Path, pid: int | None, layer: str | None = None) -> None:
+    def _probe_library(self, library: Path, pid: int | None, layer: str | None = None,
+                       found_in: int | None = None) -> None:
         from probes.framework import Target, _LIB_PATTERNS
 
         if layer is None:
@@ -580,7 +591,7 @@ class LiveSource:
         if key in self._probed:
             return
         self._probed.add(key)
-        target = Target(library, layer, pid)
+        target = Target(library, layer, pid, found_in)
         if self.framework is None:
             t0 = time.perf_counter()
             self.delivered.add_ring("framework", time.monotonic_ns())

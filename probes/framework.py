@@ -26,12 +26,13 @@ import os
 import re
 import struct
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from agent.errors import UserError
 from parsers.pslite.meta import PBMeta, node_id_of_identity
+from probes import libtrust
 from probes.zmq_layout import ZmqMsgLayout, calibrate
 
 NAME = "framework"
@@ -120,6 +121,14 @@ class Target:
     library: Path
     layer: str             # "zmq" or "ps"
     pid: int | None = None
+    # the process it was found in, when it is probed in every process (pid None):
+    # whose user may own it (probes/libtrust.py)
+    found_in: int | None = field(default=None, compare=False)
+
+    @property
+    def owner_pid(self) -> int | None:
+        """The process whose user may own the library (probes/libtrust.py)."""
+        return self.pid if self.pid is not None else self.found_in
 
     def __post_init__(self):
         if self.layer not in POINTS:
@@ -413,6 +422,8 @@ class FrameworkProbe:
         if pages & (pages - 1):
             raise UserError(f"ring buffer pages must be a power of two, not {pages}")
         self.targets = _without_overlaps(targets)
+        for t in self.targets:
+            libtrust.check(t.library, t.owner_pid)
         self.layout = self._one_layout(self.targets)
         self._defines = {
             "FW_CAPTURE_BYTES": CAPTURE_BYTES, "FW_MAX_FRAMES": MAX_FRAMES, "FW_RINGBUF_PAGES": pages,

@@ -10,7 +10,11 @@ frame's size and first bytes in the kernel, so it needs these offsets as
 integers.
 
 Instead of hard-coding them we calibrate against the very .so the traced
-process loads: load it with ctypes, build messages of known sizes and contents
+process loads. Loading it runs its constructors, and the library may be anyone's,
+so that happens only in a confined child (probes/sandbox.py: no privileges, no
+network, no writable file), never in the agent; the agent gets numbers back and
+checks each against the bounds zmq_msg_t allows (_layout_of_answer). In the
+child: load it with ctypes, build messages of known sizes and contents
 through its public API (zmq_msg_init_size, zmq_msg_init_data, and a real
 multipart exchange over loopback TCP for the received kinds and the "more"
 flag), and find which bytes of the 64 hold what. The message memory is filled
@@ -27,11 +31,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import struct
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from agent.errors import UserError
+from probes import sandbox
 
 MSG_T_BYTES = 64          # sizeof(zmq_msg_t) in every libzmq since 4.1 (public ABI)
 _ZMQ_PAIR = 0
@@ -357,12 +363,64 @@ def _exchange(lib: _Lib) -> list[_Sample]:
         so.zmq_ctx_term(ctx)
 
 
-def _calibrate(path: str) -> ZmqMsgLayout:
+def measure_in_process(path: str) -> ZmqMsgLayout:
+    """Load the library here and measure it: only ever inside the confined child (or
+    on a library of our own, in tests)."""
     lib = _Lib(path)
     try:
         return _measure(lib, path)
     finally:
         lib.mem.close()
+
+
+def confined_main(path: Path) -> dict:
+    """The confined child's work (probes.sandbox): the layout as plain values."""
+    try:
+        layout = measure_in_process(str(path))
+    except _CalibrationFailed as e:
+        return {"error": str(e)}
+    return {k: v for k, v in asdict(layout).items() if k != "library"}
+
+
+_WORD_OFFSETS = range(0, MSG_T_BYTES - 7, 8)
+_ANSWER_BOUNDS = {
+    "type_off": range(MSG_T_BYTES), "flags_off": range(MSG_T_BYTES),
+    "more_mask": [1 << b for b in range(8)], "vsm_type": range(256),
+    "vsm_data_off": range(MSG_T_BYTES), "vsm_size_off": range(MSG_T_BYTES),
+    "vsm_max_bytes": range(1, MSG_T_BYTES), "lmsg_type": range(256), "zclmsg_type": range(256),
+    "content_ptr_off": _WORD_OFFSETS, "content_data_off": _WORD_OFFSETS,
+    "content_size_off": _WORD_OFFSETS, "cmsg_type": range(256), "cmsg_data_off": _WORD_OFFSETS,
+    "cmsg_size_off": _WORD_OFFSETS,
+}
+_VERSION = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}")
+
+
+def _layout_of_answer(answer: dict, path: str) -> ZmqMsgLayout:
+    """The child's answer as a layout, every value checked: the child ran the library's
+    code, so its answer is as untrusted as the library."""
+    values = {}
+    for name, allowed in _ANSWER_BOUNDS.items():
+        v = answer.get(name)
+        if type(v) is not int or v not in allowed:
+            raise _CalibrationFailed(f"the measurement gave {name} = {str(v)[:20]!r}, "
+                                     "outside what zmq_msg_t allows")
+        values[name] = v
+    version = answer.get("version")
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+        raise _CalibrationFailed("the measurement gave no version of the form N.N.N")
+    if values["vsm_data_off"] + values["vsm_max_bytes"] > MSG_T_BYTES:
+        raise _CalibrationFailed("the measurement puts inline data past the end of zmq_msg_t")
+    if len({values["vsm_type"], values["lmsg_type"], values["cmsg_type"]}) != 3:
+        raise _CalibrationFailed("the measurement gave two kinds of message the same type tag")
+    return ZmqMsgLayout(library=path, version=version, **values)
+
+
+def _calibrate(path: str) -> ZmqMsgLayout:
+    try:
+        answer = sandbox.run("probes.zmq_layout", Path(path))
+    except sandbox.SandboxFailed as e:
+        raise _CalibrationFailed(str(e)) from None
+    return _layout_of_answer(answer, path)
 
 
 def _measure(lib: _Lib, path: str) -> ZmqMsgLayout:
@@ -431,15 +489,14 @@ def _validate(layout: ZmqMsgLayout, samples: list[_Sample]) -> None:
             raise _CalibrationFailed("the calibrated \"more\" flag misses a frame with more")
 
 
-@functools.lru_cache(maxsize=32)
-def _calibrate_cached(path: str, dev: int, ino: int, mtime_ns: int) -> ZmqMsgLayout:
+@functools.lru_cache(maxsize=256)
+def _calibrate_cached(path: str, dev: int, ino: int, mtime_ns: int) -> ZmqMsgLayout | str:
+    """A layout, or why there is none: a failure is remembered too, so that processes
+    mapping the same decoy do not each cost a confined child."""
     try:
         return _calibrate(path)
     except _CalibrationFailed as e:
-        raise UserError(f"cannot calibrate the zmq_msg_t layout of {path}: {e}; the zmq "
-                        "framework uprobes cannot read frames from this library, so trace "
-                        "this process without them (syscall probes still work) or report "
-                        "the library and its version") from None
+        return str(e)
 
 
 def calibrate(library: str | os.PathLike) -> ZmqMsgLayout:
@@ -450,7 +507,13 @@ def calibrate(library: str | os.PathLike) -> ZmqMsgLayout:
     except OSError as e:
         raise UserError(f"cannot read libzmq {library} ({e.strerror}); "
                         "give the path of the libzmq the traced process loads") from None
-    return _calibrate_cached(path, st.st_dev, st.st_ino, st.st_mtime_ns)
+    got = _calibrate_cached(path, st.st_dev, st.st_ino, st.st_mtime_ns)
+    if isinstance(got, str):
+        raise UserError(f"cannot calibrate the zmq_msg_t layout of {path}: {got}; the zmq "
+                        "framework uprobes cannot read frames from this library, so trace "
+                        "this process without them (syscall probes still work) or report "
+                        "the library and its version")
+    return got
 
 
 def pyzmq_libzmq() -> Path:

@@ -87,7 +87,7 @@ def test_rescan_reads_maps_again_only_when_the_process_mapped_something(monkeypa
         real = sources._may_map_framework
         monkeypatch.setattr(sources, "_may_map_framework", lambda pid: reads.append(pid) or real(pid))
         live = LiveSource(Selection(pids=(p.pid,)), sink=lambda probe, raw: None)
-        live._probe_library = lambda lib, pid, layer=None: probed.append((lib.name, pid, layer))
+        live._probe_library = lambda lib, pid, layer=None, found_in=None: probed.append((lib.name, pid, layer))
         for _ in range(4):
             live.rescan(force=True)
         assert probed == [] and reads == [p.pid]

@@ -60,6 +60,7 @@ def test_validation_rejects_a_wrong_offset(layout, field, delta):
 
 
 def test_not_a_library_is_refused(tmp_path):
+    tmp_path.chmod(0o755)   # the confined child (nobody) must read the directory
     bogus = tmp_path / "libzmq.so.5"
     bogus.write_bytes(b"not an ELF file\n")
     with pytest.raises(UserError, match=r"cannot calibrate .*cannot load it"):
@@ -134,6 +135,7 @@ def _build_fake(tmp_path: Path, variant: int) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("needs a C compiler to build a fake libzmq (scripts/setup.sh installs gcc)")
+    tmp_path.chmod(0o755)   # the confined child (nobody) must read the directory
     src = tmp_path / "fake.c"
     src.write_text(_FAKE_LIBZMQ)
     out = tmp_path / f"libzmq-fake{variant}.so"
