@@ -7,9 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-# about 35 minutes in all with the defaults (overhead ~13, capacity ~16 with its 10-minute
-# memory run, report ~5, the rest ~2); each takes options for shorter runs
-BENCHMARKS = ["bench.wire", "bench.psbench_throughput", "bench.overhead", "bench.capacity", "bench.report"]
+# about 50 minutes in all with the defaults (overhead ~13, cost ~13-15 on a quiet machine,
+# capacity ~16 with its 10-minute memory run, report ~5, the rest ~2); each takes options
+# for shorter runs
+BENCHMARKS = ["bench.wire", "bench.psbench_throughput", "bench.overhead", "bench.cost", "bench.capacity",
+              "bench.report"]
 
 
 def main() -> int:

@@ -213,6 +213,22 @@ def bpf_prog_stats(pid: int) -> dict[str, int] | None:
     (its fds' fdinfo). The kernel counts them only while stats are on
     (BpfStats); tail-called programs are counted within their caller."""
     run_ns = runs = progs = 0
+    infos = bpf_prog_fdinfo(pid)
+    if infos is None:
+        return None
+    for kv in infos:
+        if "run_time_ns" not in kv:
+            continue
+        progs += 1
+        run_ns += int(kv["run_time_ns"])
+        runs += int(kv["run_cnt"])
+    return {"programs": progs, "run_time_ns": run_ns, "run_cnt": runs}
+
+
+def bpf_prog_fdinfo(pid: int) -> list[dict[str, str]] | None:
+    """The fdinfo (key -> value text) of each BPF program fd a process holds; None when
+    the process is gone."""
+    out = []
     try:
         fds = os.listdir(f"/proc/{pid}/fdinfo")
     except OSError:
@@ -224,13 +240,8 @@ def bpf_prog_stats(pid: int) -> dict[str, int] | None:
             continue
         if "prog_id:" not in info:
             continue
-        kv = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-        if "run_time_ns" not in kv:
-            continue
-        progs += 1
-        run_ns += int(kv["run_time_ns"])
-        runs += int(kv["run_cnt"])
-    return {"programs": progs, "run_time_ns": run_ns, "run_cnt": runs}
+        out.append({k.strip(): v.strip() for k, v in (line.split(":", 1) for line in info.splitlines() if ":" in line)})
+    return out
 
 
 class BpfStats:
