@@ -63,6 +63,21 @@ class TracepointField:
 
 
 @dataclass(frozen=True)
+class LruMap:
+    """A per-connection LRU map: bounded by its size constant, the oldest entry evicted
+    when full. The kernel cannot count evictions, so the probe counts entries made and
+    removed; what was evicted is at least made - removed - size (LruMap.evicted)."""
+
+    name: str
+    made: str       # counter slot names
+    removed: str
+    size_const: str
+
+    def evicted(self, counters: dict[str, int], constants: dict[str, int]) -> int:
+        return max(0, counters[self.made] - counters[self.removed] - constants[self.size_const])
+
+
+@dataclass(frozen=True)
 class Probe:
     name: str
     source: str  # file name in probes/
@@ -76,10 +91,14 @@ class Probe:
     # Integer constants with their defaults; the loader lets callers override
     # them within the given (low, high) bounds.
     constants: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    lru_maps: tuple[LruMap, ...] = ()
 
     def __post_init__(self):
         if self.counters[:2] != ("seen", "lost"):
             raise ValueError(f"probe {self.name}: counters must start with 'seen', 'lost'")
+        for m in self.lru_maps:
+            if {m.made, m.removed} - set(self.counters) or m.size_const not in self.constants:
+                raise ValueError(f"probe {self.name}: map {m.name} names unknown counters or size")
         if not (PROBES_DIR / self.source).is_file():
             raise ValueError(f"probe {self.name}: no source {self.source} in {PROBES_DIR}")
 

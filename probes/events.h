@@ -54,7 +54,13 @@ enum sockcall_counter {
 	SOCKCALL_COUNTER_SELF_SYNCS = PSLAT_COUNTER_FIRST_EXTRA + 13,   /* unsynced connections the walker synced by itself (zmtp_walk.bpf.h, self-sync) */
 	SOCKCALL_COUNTER_WALK_BUDGET = PSLAT_COUNTER_FIRST_EXTRA + 14,  /* calls with more frames than the walker's step budget: the rest unwalked */
 	SOCKCALL_COUNTER_HUNTED_BYTES = PSLAT_COUNTER_FIRST_EXTRA + 15, /* unsynced bytes the walker searched for a frame chain and rejected */
-	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 16,
+	/* Entries made in and removed from the per-connection LRU maps: what a
+	 * full map evicted is at least made - removed - its size (user space). */
+	SOCKCALL_COUNTER_CONNS_MADE = PSLAT_COUNTER_FIRST_EXTRA + 16,   /* sockcalls_conns */
+	SOCKCALL_COUNTER_CONNS_REMOVED = PSLAT_COUNTER_FIRST_EXTRA + 17,
+	SOCKCALL_COUNTER_WALKS_MADE = PSLAT_COUNTER_FIRST_EXTRA + 18,   /* sockcalls_walk (one per direction) */
+	SOCKCALL_COUNTER_WALKS_REMOVED = PSLAT_COUNTER_FIRST_EXTRA + 19,
+	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 20,
 };
 
 /* flags */
@@ -210,7 +216,9 @@ enum ns_counter {
 	NS_COUNTER_RX_DR_MISSING = PSLAT_COUNTER_FIRST_EXTRA + 4,     /* RX lookups without a data-ready at or past the end */
 	NS_COUNTER_SKB_UNPARSED = PSLAT_COUNTER_FIRST_EXTRA + 5,      /* skbs of traced sockets/flows whose headers could not be read */
 	NS_COUNTER_TRACK_FAILED = PSLAT_COUNTER_FIRST_EXTRA + 6,      /* sockets whose state could not be created */
-	NS_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 7,
+	NS_COUNTER_SOCKS_MADE = PSLAT_COUNTER_FIRST_EXTRA + 7,        /* tracked sockets (ns_tx_socks, with their rx state and flow ring) */
+	NS_COUNTER_SOCKS_REMOVED = PSLAT_COUNTER_FIRST_EXTRA + 8,     /* of those, removed at close or when shed */
+	NS_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 9,
 };
 
 /* ns_tx_event.flags */

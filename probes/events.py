@@ -48,7 +48,8 @@ SOCKCALL_PAYLOAD_MAX = 4096
 # Counter slots of the sockcalls probe, in order (enum pslat_counter, enum sockcall_counter).
 SOCKCALL_COUNTERS = ("seen", "lost", "eagain", "inflight_full", "walk_bytes", "frames", "messages",
                      "desyncs", "key_samples", "truncated", "not_zmtp", "stream_gaps", "walk_aborted",
-                     "hints_applied", "hints_stale", "self_syncs", "walk_budget", "hunted_bytes")
+                     "hints_applied", "hints_stale", "self_syncs", "walk_budget", "hunted_bytes",
+                     "conns_made", "conns_removed", "walks_made", "walks_removed")
 
 
 class SockcallItemKind(enum.IntEnum):
@@ -309,7 +310,8 @@ class NsEventKind(enum.IntEnum):
 
 # Counter slots of the netstack probe, in order (enum pslat_counter, enum ns_counter).
 NETSTACK_COUNTERS = ("seen", "lost", "tx_expect_overwritten", "tx_sent_unseen", "rx_netif_overwritten",
-                     "rx_netif_missing", "rx_dr_missing", "skb_unparsed", "track_failed")
+                     "rx_netif_missing", "rx_dr_missing", "skb_unparsed", "track_failed",
+                     "socks_made", "socks_removed")
 
 NS_TX_F_RETRANS = 0x0001
 NS_TX_F_OVERWRITTEN = 0x0002

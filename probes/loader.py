@@ -156,6 +156,8 @@ class ProbeProgram:
         out = {}
         for probe in self.generated.probes:
             table = self.bpf[probe.counters_map.encode()]
-            out[probe.name] = {name: int(table.sum(ctypes.c_int(i)).value)
-                               for i, name in enumerate(probe.counters)}
+            got = {name: int(table.sum(ctypes.c_int(i)).value) for i, name in enumerate(probe.counters)}
+            for m in probe.lru_maps:
+                got[f"{m.name}_evicted"] = m.evicted(got, self.generated.constants)
+            out[probe.name] = got
         return out

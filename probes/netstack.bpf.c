@@ -619,7 +619,8 @@ static __always_inline void ns_flush_closed(u64 sk)
 			}
 		}
 	}
-	ns_tx_socks.delete(&sk);
+	if (ns_tx_socks.delete(&sk) == 0)
+		ns_count(NS_COUNTER_SOCKS_REMOVED);
 	struct ns_rx_sock *rs = ns_rx_socks.lookup(&sk);
 	if (rs) {
 		ns_flows.delete(&rs->key);

@@ -9,7 +9,7 @@ there) when it finds where a message ends.
 """
 from __future__ import annotations
 
-from probes.declare import Attach, KernelField, Probe, TracepointField
+from probes.declare import Attach, KernelField, LruMap, Probe, TracepointField
 from probes.events import NETSTACK_COUNTERS, NetstackEvent
 
 _CALL_ENTERS = {
@@ -115,6 +115,7 @@ def _probe(tx_completion: bool) -> Probe:
             "NS_CLOCK_MIN_BYTES": (1024, 1, 1 << 16),
             "NS_TX_COMPLETION": (int(tx_completion), int(tx_completion), int(tx_completion)),
         },
+        lru_maps=(LruMap("socks", "socks_made", "socks_removed", "NS_SOCKS_MAX"),),
     )
 
 

@@ -308,6 +308,7 @@ static __always_inline void ns_track(u64 sk)
 		ns_count(NS_COUNTER_TRACK_FAILED);
 		return;
 	}
+	ns_count(NS_COUNTER_SOCKS_MADE);
 	struct ns_tx_sock *ts = ns_tx_socks.lookup(&sk);
 	if (ts) {
 		ts->netns_ino = rs->key.netns_ino;

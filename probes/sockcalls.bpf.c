@@ -123,14 +123,20 @@ int sc_conn_state(void *ctx)
 		c.isn_local = kread_u32(sk + OFF_TCP_SND_UNA) - 1;
 		c.isn_remote = kread_u32(sk + OFF_TCP_RCV_NXT) - 1;
 		c.isn_flags = SOCKCALL_F_ISN_EXACT;
-		sockcalls_conns.update(&sk, &c);
+		if (sockcalls_conns.insert(&sk, &c) == 0)
+			sc_count(SOCKCALL_COUNTER_CONNS_MADE);
+		else /* a socket address reused before its close was seen */
+			sockcalls_conns.update(&sk, &c);
 	} else if (newstate == TCP_CLOSE_) {
-		sockcalls_conns.delete(&sk);
+		if (sockcalls_conns.delete(&sk) == 0)
+			sc_count(SOCKCALL_COUNTER_CONNS_REMOVED);
 		struct zw_key k = {.sk = sk, .dir = ZW_DIR_TX};
-		sockcalls_walk.delete(&k);
+		if (sockcalls_walk.delete(&k) == 0)
+			sc_count(SOCKCALL_COUNTER_WALKS_REMOVED);
 		sockcalls_sync_hint.delete(&k);
 		k.dir = ZW_DIR_RX;
-		sockcalls_walk.delete(&k);
+		if (sockcalls_walk.delete(&k) == 0)
+			sc_count(SOCKCALL_COUNTER_WALKS_REMOVED);
 		sockcalls_sync_hint.delete(&k);
 	}
 	return 0;
@@ -180,8 +186,8 @@ static __always_inline struct conn_info *conn_get(u64 sk, struct conn_info *fres
 	struct conn_info *c = sockcalls_conns.lookup(&sk);
 	if (!c) {
 		read_tuple(sk, fresh);
-		if (derive_isns(sk, fresh) == 0)
-			sockcalls_conns.update(&sk, fresh);
+		if (derive_isns(sk, fresh) == 0 && sockcalls_conns.insert(&sk, fresh) == 0)
+			sc_count(SOCKCALL_COUNTER_CONNS_MADE);
 		return fresh;
 	}
 	if (!c->has_tuple)
@@ -212,7 +218,8 @@ static __always_inline int sc_pair_shed(u64 sk)
 			ns_flows.delete(&rs->key);
 			ns_rx_socks.delete(&sk);
 		}
-		ns_tx_socks.delete(&sk);
+		if (ns_tx_socks.delete(&sk) == 0)
+			ns_count(NS_COUNTER_SOCKS_REMOVED);
 	}
 #endif
 	return 1;

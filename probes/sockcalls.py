@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field
 
 from agent.errors import UserError
-from probes.declare import Attach, KernelField, Probe, TracepointField
+from probes.declare import Attach, KernelField, LruMap, Probe, TracepointField
 from probes.events import (SOCKCALL_COUNTERS, SockcallEvent, SockcallItem, SockcallItemKind, SockcallKeys,
                            SockcallHunted, SockcallMsgEnd, SockcallWalkMark, WalkStart, WalkStop)
 
@@ -103,6 +103,8 @@ SOCKCALLS = Probe(
         "SOCKCALLS_HINTS_MAX": (4096, 16, 1 << 20),  # sync hints waiting to apply
         "SOCKCALLS_ENDS_PER_PASS": (8, 1, 8),  # message ends per netstack lookup pass (verifier: ~55k insns each)
     },
+    lru_maps=(LruMap("conns", "conns_made", "conns_removed", "SOCKCALLS_CONNS_MAX"),
+              LruMap("walks", "walks_made", "walks_removed", "SOCKCALLS_WALK_CONNS_MAX")),
 )
 
 

@@ -1357,7 +1357,9 @@ static __always_inline void zw_finish(struct zw_scratch *s)
 	struct zw_state *known = sockcalls_walk.lookup(&w->key);
 	if (known)
 		*known = w->st;
-	else
+	else if (sockcalls_walk.insert(&w->key, &w->st) == 0)
+		zw_count(SOCKCALL_COUNTER_WALKS_MADE, 1);
+	else /* made meanwhile on another CPU */
 		sockcalls_walk.update(&w->key, &w->st);
 	zw_emit(s, 0);
 }

@@ -138,3 +138,17 @@ def map_names(text: str) -> list[str]:
         parts = [a.strip() for a in args.split(",")]
         out.append(parts[3] if macro == "BPF_TABLE" else parts[0])
     return out
+
+
+def test_every_per_connection_lru_map_declares_its_eviction_count():
+    """made - removed - size, never negative; every probe's LRU maps name real slots."""
+    from probes.declare import LruMap
+    from probes.netstack import NETSTACK
+    from probes.sockcalls import SOCKCALLS
+
+    assert {m.name for m in SOCKCALLS.lru_maps} == {"conns", "walks"}
+    assert {m.name for m in NETSTACK.lru_maps} == {"socks"}
+    m = LruMap("conns", "conns_made", "conns_removed", "SOCKCALLS_CONNS_MAX")
+    sizes = {"SOCKCALLS_CONNS_MAX": 64}
+    assert m.evicted({"conns_made": 100, "conns_removed": 10}, sizes) == 26
+    assert m.evicted({"conns_made": 50, "conns_removed": 10}, sizes) == 0
