@@ -28,7 +28,7 @@ from fuzz.targets import CORPUS_ROOT, TARGETS, target
 RSS_LIMIT_MB = 2048
 TIMEOUT_S = 10
 _STAT = re.compile(r"^stat::(\w+):\s+(\d+)")
-_RSS = re.compile(r"rss: (\d+)Mb")
+_PULSE = re.compile(r"^#(\d+)\s.*\brss: (\d+)Mb", re.M)
 
 
 def _have_atheris() -> bool:
@@ -57,15 +57,18 @@ def _with_atheris(name: str, inputs: int, seconds: float) -> dict:
     finally:
         shutil.rmtree(corpus, ignore_errors=True)
     stats = {m.group(1): int(m.group(2)) for m in map(_STAT.match, p.stdout.splitlines()) if m}
-    rss = [int(m.group(1)) for m in _RSS.finditer(p.stdout)]
+    # (inputs so far, RSS) at libFuzzer's status lines: growth is judged over the
+    # second half of the run, after the corpus and the coverage maps have filled in
+    pulses = [(int(m.group(1)), int(m.group(2))) for m in _PULSE.finditer(p.stdout)]
     ran = stats.get("number_of_executed_units", 0)
+    mid = next((rss for n, rss in pulses if n >= ran // 2), None)
     failed = p.returncode != 0
     if failed:
         sys.stdout.write(p.stdout[-4000:])
     return {"target": name, "engine": "atheris", "inputs": ran,
             "inputs_per_s": round(ran / wall, 1) if wall else 0.0,
-            "rss_start_mb": rss[0] if rss else None,
-            "rss_end_mb": stats.get("peak_rss_mb", rss[-1] if rss else None),
+            "rss_start_mb": pulses[0][1] if pulses else None, "rss_mid_mb": mid,
+            "rss_end_mb": stats.get("peak_rss_mb", pulses[-1][1] if pulses else None),
             "seconds": round(wall, 1), "ok": not failed}
 
 
@@ -89,7 +92,8 @@ def _with_mutator(name: str, inputs: int, seconds: float) -> dict:
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     return {"target": name, "engine": "mutator", "inputs": ran,
             "inputs_per_s": round(ran / wall, 1) if wall else 0.0,
-            "rss_start_mb": rss0, "rss_end_mb": rss1, "seconds": round(wall, 1), "ok": ok}
+            "rss_start_mb": rss0, "rss_mid_mb": None, "rss_end_mb": rss1, "seconds": round(wall, 1),
+            "ok": ok}
 
 
 def main() -> int:
@@ -110,7 +114,8 @@ def main() -> int:
         r = drive(n, budget, a.seconds)
         results.append(r)
         print(f"{n:24s} {r['engine']:8s} {r['inputs']:>9,} inputs  {r['inputs_per_s']:>9,.0f}/s  "
-              f"RSS {r['rss_start_mb']} -> {r['rss_end_mb']} MB  {'ok' if r['ok'] else 'FAILED'}",
+              f"RSS {r['rss_start_mb']} -> {r['rss_mid_mb']} (half) -> {r['rss_end_mb']} MB  "
+              f"{'ok' if r['ok'] else 'FAILED'}",
               flush=True)
     print(json.dumps({"fuzz": results}))
     return 0 if all(r["ok"] for r in results) else 1
