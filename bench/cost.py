@@ -1,7 +1,7 @@
 """What tracing costs, as CPU per message in cgroups, against the counting
 floor (bench.floor), instead of throughput on a saturated box. Root.
 
-    python -m bench.cost [--pairs 20] [--windows 5] [--duration-s 3] [--closed-pairs 10] [--rate R]
+    python -m bench.cost [--pairs 20] [--windows 5] [--duration-s 3] [--closed-pairs 6] [--rate R]
     python -m bench.cost --record FILE.gz [--record-s 30] [--rate R]
 
 psbench (2 servers x 4 workers, one host each) in the virtual cluster with a
@@ -21,8 +21,8 @@ order per round. Window k of a condition is paired with window k of
 untraced in the same round; confidence intervals (95%) come from resampling
 whole rounds (bootstrap), because windows of one block are not independent.
 
-1. closed loop (--closed-pairs / --windows rounds), each block in two
-   placements: shared (the job, tracer and wire on both CPUs: the old
+1. closed loop (2 rounds, --closed-pairs windows per placement split
+   between them), each block in two placements: shared (the job, tracer and wire on both CPUs: the old
    bench.overhead closed-loop figure, kept for continuity) and pinned (the
    job on CPU 0, tracer + forwarder on CPU 1: the throughput lost to what the
    tracer does in the job's own threads, against the floor's).
@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import (BpfStats, Tracer, aa_noise, agent_counters, agent_tracer, at_least, bpf_prog_fdinfo,
-                          floor_hits, floor_tracer, job_figures, json_line, median, order_of, positive, ratio, spread)
+                          floor_hits, floor_tracer, job_figures, json_line, median, positive, ratio, spread)
 from bench.floor import Hook, agent_hooks
 
 SERVERS, WORKERS = 2, 4
@@ -84,13 +84,31 @@ GROUPS = ("job", "tracer", "wire")
 JOB_CPUS, TRACER_CPUS = "0", "1"
 SHARED, PINNED = "shared", "pinned"
 PLACE_SETTLE_S = 0.5        # after a cpuset change: migrated threads, cold caches
-CATCH_UP_LAG_MS = 5.0       # an open-loop job has caught up when its issues are this close to due
-CATCH_UP_MAX_S = 120.0
+CATCH_UP_LAG_MS = 50.0      # caught up: issues this close to due (p99; a backlog is seconds behind, and
+                            # on these loaded cores an on-time job still issues a few ms late)
+CATCH_UP_MAX_S = 60.0
 BOOTSTRAP_N = 2000
+CLOSED_ROUNDS = 2           # each round starts the agent once: 10-90 s on these shared cores
 BPF_NAME_LEN = 15           # BPF_OBJ_NAME_LEN - 1: the kernel keeps this much of a program's name
 
 
 # ---------------------------------------------------------------- statistics (pure)
+
+def balanced_order(round_index: int, conditions) -> list:
+    """The conditions of one round in a Williams design: over len(conditions) rounds
+    each condition runs first once and follows every other one once (for an even
+    count), so no condition always follows the agent (a plain rotation would put
+    untraced2 after the agent every time, and with it whatever the agent leaves behind)."""
+    n = len(conditions)
+    offsets, lo, hi = [0], 1, n - 1
+    while len(offsets) < n:
+        offsets.append(lo)
+        lo += 1
+        if len(offsets) < n:
+            offsets.append(hi)
+            hi -= 1
+    return [conditions[(round_index + o) % n] for o in offsets]
+
 
 def bootstrap_ci(pairs: list[tuple[int, float | None]], level: float = 0.95, n: int = BOOTSTRAP_N,
                  seed: int = 0) -> list[float] | None:
@@ -401,6 +419,9 @@ def summarize(windows: list[Window], prog_hooks: dict[str, list[Hook]], tracers:
         "aa_p99_noise": aa_noise([v for _, v in p99["untraced2"]]),
         "lost_events": sum(int(s.get("lost") or 0) for s in agent_sessions) if agent_sessions else None,
         "agent_rss_mb": max((s["rss_mb"] for s in agent_sessions if s.get("rss_mb")), default=None),
+        # below 1 the agent shed host pairs (it could not keep up): it then did less work per message
+        "agent_sampling": median(s.get("sampling") for s in agent_sessions),
+        "agent_start_s": median(s.get("start_s") for s in agent_sessions),
         "agent_bpf_ns_per_message": out["bpf"]["open"]["agent"].get("ns_per_message_without_wire"),
         "floor_bpf_ns_per_message": out["bpf"]["open"]["floor"].get("ns_per_message_without_wire"),
         # the old bench.overhead figure (closed loop, nothing pinned), for continuity
@@ -446,7 +467,6 @@ class Ctx:
     groups: object
     tmp: Path
     window_s: float
-    windows: int
     settle_s: float
     log: object
     sessions: dict = field(default_factory=dict)   # condition -> [tracer session reports]
@@ -524,8 +544,8 @@ def make_tracer(condition: str, out: Path, hosts: list[str]) -> Tracer | None:
     return None
 
 
-def run_block(ctx: Ctx, phase: str, rnd: int, condition: str, placements: tuple[str, ...], ps_out: Path,
-              open_loop: bool) -> list[Window]:
+def run_block(ctx: Ctx, phase: str, rnd: int, condition: str, windows: int, placements: tuple[str, ...],
+              ps_out: Path, open_loop: bool) -> list[Window]:
     out = ctx.tmp / f"{phase}-r{rnd}-{condition}"
     hosts = [h.name for h in ctx.cluster.hosts]
     tracer = make_tracer(condition, out, hosts)
@@ -543,7 +563,7 @@ def run_block(ctx: Ctx, phase: str, rnd: int, condition: str, placements: tuple[
         for pl in placements:
             place(ctx.groups, pl)
             time.sleep(PLACE_SETTLE_S)
-            for k in range(ctx.windows):
+            for k in range(windows):
                 ws.append(measure(ctx, tracer, Window(phase, pl, rnd, condition, k, 0, 0)))
         place(ctx.groups, SHARED)
         if tracer is not None:
@@ -552,8 +572,8 @@ def run_block(ctx: Ctx, phase: str, rnd: int, condition: str, placements: tuple[
             tracer.stop()
             if condition == "agent":
                 c = agent_counters(out / "agent")
-                session.update(lost=c["lost"], messages=c["messages"], rows_dropped=c["rows_dropped"],
-                               sampling=c["sampling_rate"])
+                session.update(lost=c["lost"], lost_by_probe={p: v.get("lost", 0) for p, v in c["probes"].items()},
+                               messages=c["messages"], rows_dropped=c["rows_dropped"], sampling=c["sampling_rate"])
             else:
                 session["hits"] = floor_hits(tracer).get("hits_total")
     except Exception as e:   # one failed block must not lose the others: counted and said
@@ -566,13 +586,14 @@ def run_block(ctx: Ctx, phase: str, rnd: int, condition: str, placements: tuple[
     if tracer is not None:
         ctx.sessions.setdefault(condition, []).append(session)
     extra = (f", tracer ready in {session['start_s']} s" if "start_s" in session else "") + \
-        (f", {session['lost']:,} events lost" if session.get("lost") is not None else "") + \
+        (f", {session['lost']:,} events lost {session['lost_by_probe']}" if session.get("lost") is not None else "") + \
         (f" FAILED: {session['error'].splitlines()[0][:300]}" if session.get("error") else "")
     ctx.log(f"{phase:6s} round {rnd} {condition:9s}: {len([w for w in ws if not w.error])} windows{extra}")
     return ws
 
 
-def run_phase(ctx: Ctx, phase: str, rounds: int, placements: tuple[str, ...], job_opts: dict) -> list[Window]:
+def run_phase(ctx: Ctx, phase: str, rounds: int, windows_per_block: int, placements: tuple[str, ...],
+              job_opts: dict) -> list[Window]:
     from workloads.psbench.launch import launch_in_cluster
 
     open_loop = "rate" in job_opts
@@ -584,8 +605,8 @@ def run_phase(ctx: Ctx, phase: str, rounds: int, placements: tuple[str, ...], jo
     with job:
         job.wait_ready()
         for rnd in range(rounds):
-            for cond in order_of(rnd, CONDITIONS):
-                windows += run_block(ctx, phase, rnd, cond, placements, ps_out, open_loop)
+            for cond in balanced_order(rnd, CONDITIONS):
+                windows += run_block(ctx, phase, rnd, cond, windows_per_block, placements, ps_out, open_loop)
         job.stop()   # SIGTERM: every process flushes its truth
     fill_job(windows, job.truth(), open_loop)
     for w in windows:
@@ -642,7 +663,11 @@ def summary_lines(s: dict, rate: float) -> list[str]:
         f"  shared CPUs (the old bench.overhead figure): throughput ratio agent {_f(c['closed_throughput_ratio'])} "
         f"{_ci(c['closed_throughput_ratio_ci95'])}, floor {_f(c['floor_closed_throughput_ratio'])}, A/A noise "
         f"+-{_f(c['aa_closed_throughput_noise'])}",
-        f"agent: {c['lost_events']} events lost in all, RSS up to {_f(c['agent_rss_mb'], '{:.0f}')} MB",
+        f"agent: {c['lost_events']} events lost in all, RSS up to {_f(c['agent_rss_mb'], '{:.0f}')} MB, host pairs "
+        f"sampled {_f(c['agent_sampling'], '{:.2f}')} (median per session; < 1: it shed load), ready "
+        f"{_f(c['agent_start_s'], '{:.0f}')} s after its start",
+        "  (BPF runs count every process on the machine: on shared cores other jobs' syscalls and packets are "
+        "charged to our messages too)",
     ]
     for name, d in sorted(s["bpf"]["open"].get("agent", {}).get("programs", {}).items()):
         lines.append(f"  agent BPF {name:15s} {_f(d['runs_per_message'], '{:6.2f}')} runs/message "
@@ -657,8 +682,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=at_least(1), default=20,
                     help="open loop: agent/untraced window pairs (rounds = pairs / --windows) [%(default)s]")
-    ap.add_argument("--closed-pairs", type=at_least(0), default=10,
-                    help="closed loop: window pairs per placement (0: skip; then give --rate) [%(default)s]")
+    ap.add_argument("--closed-pairs", type=at_least(0), default=6,
+                    help=f"closed loop: window pairs per placement, over {CLOSED_ROUNDS} rounds (0: skip; then give "
+                         "--rate) [%(default)s]")
     ap.add_argument("--windows", type=at_least(1), default=5,
                     help="windows per condition block (each tracer start gives this many) [%(default)s]")
     ap.add_argument("--duration-s", type=positive(float), default=3.0, help="seconds of each window [%(default)s]")
@@ -678,7 +704,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.record is not None and a.record.suffix != ".gz":
         ap.error(f"--record {a.record}: give a .gz path (the recording is compressed)")
     a.rounds = math.ceil(a.pairs / a.windows)
-    a.closed_rounds = math.ceil(a.closed_pairs / a.windows)
+    # closed loop: two rounds (the fewest an interval can come from), the pairs split between them
+    a.closed_rounds = min(CLOSED_ROUNDS, a.closed_pairs)
+    a.closed_windows = math.ceil(a.closed_pairs / a.closed_rounds) if a.closed_rounds else 0
     return a
 
 
@@ -739,10 +767,10 @@ def main(argv=None) -> int:
             log(f"(no in-kernel BPF times: {stats.error})")
         with Cluster(HOSTS, wire_delay_ms=WIRE_DELAY_MS, wait_s=CLUSTER_WAIT_S, log_dir=tmp / "wire") as cluster:
             groups["wire"].add(cluster.describe()["forwarder_pid"])
-            ctx = Ctx(cluster, groups, tmp, a.duration_s, a.windows, a.settle_s, log)
+            ctx = Ctx(cluster, groups, tmp, a.duration_s, a.settle_s, log)
             rate = a.rate
             if a.closed_pairs and not (a.record is not None and a.rate):   # a recording at a given rate needs none
-                windows += run_phase(ctx, "closed", a.closed_rounds, (SHARED, PINNED), {})
+                windows += run_phase(ctx, "closed", a.closed_rounds, a.closed_windows, (SHARED, PINNED), {})
                 rate = rate or open_rate(windows)
                 if rate is None:
                     raise SystemExit("bench.cost: no untraced closed-loop window to take the open-loop rate from; "
@@ -754,7 +782,7 @@ def main(argv=None) -> int:
                 print(json_line(rec | {"loadavg": [load_start, loadavg()]}), flush=True)
                 return 0 if not rec["lost"] else 1
             log(f"open loop at {rate:.1f} requests/s per worker")
-            windows += run_phase(ctx, "open", a.rounds, (SHARED,), {"rate": rate})
+            windows += run_phase(ctx, "open", a.rounds, a.windows, (SHARED,), {"rate": rate})
     s = summarize(windows, program_hooks(), ctx.sessions)
     for line in summary_lines(s, rate):
         log(line)

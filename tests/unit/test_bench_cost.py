@@ -12,7 +12,7 @@ import pytest
 
 from bench.cgroups import mount_points, own_paths, pids_of
 from bench.common import json_line
-from bench.cost import (PINNED, SHARED, WIRE_RUNS, Window, bootstrap_ci, bpf_delta, bpf_name, bpf_summary,
+from bench.cost import (CONDITIONS, PINNED, SHARED, WIRE_RUNS, Window, balanced_order, bootstrap_ci, bpf_delta, bpf_name, bpf_summary,
                         fill_job, open_rate, paired, parse_args, program_hooks, summarize)
 from bench.floor import Hook, agent_hooks
 
@@ -219,7 +219,9 @@ def test_bpf_summary_takes_the_wires_runs_out_at_the_floors_cost_per_run():
 
 def test_arguments():
     a = parse_args([])
-    assert a.pairs >= 20 and a.rounds * a.windows >= 20 and a.closed_rounds >= 1
+    assert a.pairs >= 20 and a.rounds * a.windows >= 20
+    assert a.closed_rounds == 2 and a.closed_rounds * a.closed_windows >= a.closed_pairs   # an interval needs 2
+    assert parse_args(["--closed-pairs", "1"]).closed_rounds == 1
     assert parse_args(["--pairs", "5", "--windows", "2"]).rounds == 3
     assert parse_args(["--closed-pairs", "0", "--rate", "50"]).closed_rounds == 0
     for bad in (["--pairs", "0"], ["--duration-s", "0"], ["--closed-pairs", "0"], ["--settle-s", "-1"],
@@ -234,3 +236,13 @@ def test_window_cpu_per_message_needs_messages():
     w.job = {}
     assert w.per_message_us("job") is None
     assert np.isclose(_w("agent", 0, 0, 3000, 3).per_message_us("job"), 1.0)
+
+
+def test_rounds_are_balanced_so_no_condition_always_follows_the_agent():
+    n = len(CONDITIONS)
+    orders = [balanced_order(r, CONDITIONS) for r in range(n)]
+    assert all(sorted(o) == sorted(CONDITIONS) for o in orders)
+    assert {o[0] for o in orders} == set(CONDITIONS)
+    follows = [(o[i], o[i + 1]) for o in orders for i in range(n - 1)]
+    assert len(set(follows)) == len(follows) == n * (n - 1)   # every ordered pair once
+    assert balanced_order(n, CONDITIONS) == orders[0]
