@@ -9,13 +9,30 @@ job, so exposing it beyond the machine is the user's explicit choice
 (`--listen 0.0.0.0:PORT`). The metrics come from a CollectorRegistry of our
 own (not the process-global one) whose collector reads LiveAggregates' totals
 at scrape time, so the agent's loop never waits on a scrape beyond one lock.
+
+Anyone who can reach the port is a client, so the endpoint is built to cost the
+agent little whatever they do: one thread runs a selector loop (not a thread
+per connection); at most MAX_CONNECTIONS are open at once (a descriptor each,
+far below RLIMIT_NOFILE, so a flood cannot take the run-dir writer's); a
+connection must finish its request headers within HEADER_TIMEOUT_S of its
+accept (a slowloris trickling bytes is cut) and take its whole answer within
+REQUEST_TIMEOUT_S (a reader that stops reading is cut); one request per
+connection; each page is rendered at most once per CACHE_S, so scrapes at any
+rate cost the agent a cached copy. Connections closed without an answer are
+counted by reason in pslat_http_connections_dropped.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
+import selectors
+import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections import Counter
+from http import HTTPStatus
+from typing import Callable
 
 from agent.errors import UserError
 from agent.live import EDGES_NS, PER_DECADE, LiveAggregates
@@ -23,6 +40,14 @@ from agent.live import EDGES_NS, PER_DECADE, LiveAggregates
 DEFAULT_LISTEN = "127.0.0.1:9465"
 # Prometheus buckets: every 4th live edge (1 us .. 10 s, x3.16 apart): exact cumulative counts of the live histogram
 PROM_EDGE_IDX = list(range(0, len(EDGES_NS), PER_DECADE // 2))
+MAX_CONNECTIONS = 64        # open at once: a Prometheus server or two and a few `pslat top`s need far fewer
+HEADER_TIMEOUT_S = 2.0      # accept to the end of the request headers (a scraper sends them at once)
+REQUEST_TIMEOUT_S = 10.0    # accept to the answer's last byte sent (snapshots of big jobs are MBs)
+MAX_REQUEST_BYTES = 8192    # request line and headers; a GET has no body
+CACHE_S = 0.5               # a page is rendered at most this often (a render costs the agent ~6-11 ms)
+SEND_CHUNK_BYTES = 256 * 1024
+LISTEN_BACKLOG = 1024       # connects waiting in the kernel to be accepted (no descriptor of ours yet)
+ACCEPT_PAUSE_S = 0.1        # out of descriptors: accept again after this
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -40,8 +65,8 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, p
 
 
-def registry_for(live: LiveAggregates):
-    """A CollectorRegistry of our own exposing `live`."""
+def registry_for(live: LiveAggregates, http_dropped: Callable[[], dict[str, int]] | None = None):
+    """A CollectorRegistry of our own exposing `live` (and the endpoint's own drops, when given)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -104,6 +129,13 @@ def registry_for(live: LiveAggregates):
                 cpu = GaugeMetricFamily("pslat_agent_cpu_percent", "Agent CPU over the last second (% of one core)")
                 cpu.add_metric([], health["cpu_pct"])
                 yield cpu
+            if http_dropped is not None:
+                d = CounterMetricFamily("pslat_http_connections_dropped", "Connections to this endpoint closed "
+                                        "without an answer (over the cap, past a deadline, not a GET)",
+                                        labels=["reason"])
+                for reason, n in sorted(http_dropped().items()):
+                    d.add_metric([reason], n)
+                yield d
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(Collector())
@@ -111,18 +143,173 @@ def registry_for(live: LiveAggregates):
 
 
 class LiveServer:
-    def __init__(self, httpd: ThreadingHTTPServer):
-        self.httpd = httpd
-        host, port = httpd.server_address[:2]
+    """The endpoint: one thread running a selector loop over the listening socket and at most
+    MAX_CONNECTIONS connections, each under a header and a whole-request deadline (module
+    docstring). `dropped` counts, by reason, the connections closed without an answer."""
+
+    def __init__(self, sock: socket.socket, pages: dict[str, tuple[Callable[[], bytes], str]]):
+        self.sock = sock
+        host, port = sock.getsockname()[:2]
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.port = port
-        self.thread = threading.Thread(target=httpd.serve_forever, name="pslat-http", daemon=True)
+        self.pages = pages
+        self.dropped: Counter = Counter()
+        self._cache: dict[str, tuple[float, bytes]] = {}
+        self._conns: dict[socket.socket, _Conn] = {}   # in accept order: the first is the oldest
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stop = False
+        self._accept_resume = 0.0   # monotonic time to accept again after running out of descriptors
+        sock.setblocking(False)
+        self._sel.register(sock, selectors.EVENT_READ, "listen")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.thread = threading.Thread(target=self._run, name="pslat-http", daemon=True)
         self.thread.start()
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._stop = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         self.thread.join(5)
+        for c in list(self._conns.values()):
+            self._close(c)
+        self._sel.close()
+        for s in (self.sock, self._wake_r, self._wake_w):
+            s.close()
+
+    # -- the loop ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            now = time.monotonic()
+            deadlines = [c.deadline for c in self._conns.values()]
+            if self._accept_resume:
+                deadlines.append(self._accept_resume)
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            for key, _ in self._sel.select(timeout):
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "wake":
+                    return
+                elif key.fileobj in self._conns:   # not closed by an earlier event of this round
+                    self._io(key.data)
+            now = time.monotonic()
+            for c in [c for c in self._conns.values() if c.deadline <= now]:
+                self.dropped["header_timeout" if c.out is None else "request_timeout"] += 1
+                self._close(c)
+            if self._accept_resume and now >= self._accept_resume:
+                self._accept_resume = 0.0
+                self._sel.register(self.sock, selectors.EVENT_READ, "listen")
+
+    def _accept(self) -> None:
+        for _ in range(MAX_CONNECTIONS):   # a burst at a time: the deadlines are checked between bursts
+            try:
+                s, _ = self.sock.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # out of descriptors (the process's, not ours: we hold at most the cap): stop
+                    # accepting for a moment instead of spinning on a listener that stays readable
+                    self.dropped["no_descriptors"] += 1
+                    self._sel.unregister(self.sock)
+                    self._accept_resume = time.monotonic() + ACCEPT_PAUSE_S
+                    return
+                continue   # ECONNABORTED and the like: that client is gone
+            if len(self._conns) >= MAX_CONNECTIONS:
+                # Over the cap: the oldest connection still sending its request makes room (a
+                # scraper sends its request at once, so it is one of a flood's idle sockets that
+                # goes); when every one is being answered, the new one is closed at once.
+                oldest = next((c for c in self._conns.values() if c.out is None), None)
+                self.dropped["cap"] += 1
+                if oldest is None:
+                    s.close()
+                    continue
+                self._close(oldest)
+            s.setblocking(False)
+            c = _Conn(s, time.monotonic())
+            self._conns[s] = c
+            self._sel.register(s, selectors.EVENT_READ, c)
+            self._io(c)   # a scraper's request is usually here already: answered before a flood's next accepts
+
+    def _io(self, c: _Conn) -> None:
+        try:
+            if c.out is None:
+                data = c.sock.recv(MAX_REQUEST_BYTES)
+                if not data:
+                    self._close(c)
+                    return
+                c.buf += data
+                self._request(c)
+            if c.out is not None:
+                c.sent += c.sock.send(c.out[c.sent:c.sent + SEND_CHUNK_BYTES])
+                if c.sent >= len(c.out):
+                    self._close(c, answered=True)
+        except BlockingIOError:
+            pass
+        except OSError:   # reset by the peer and the like
+            self._close(c)
+
+    def _request(self, c: _Conn) -> None:
+        end = c.buf.find(b"\r\n\r\n")
+        if end < 0:
+            end = c.buf.find(b"\n\n")
+        if end < 0:
+            if len(c.buf) > MAX_REQUEST_BYTES:
+                self._answer(c, 431, b"request headers too large\n", "text/plain", reason="bad_request")
+            return
+        line = bytes(c.buf[:c.buf.find(b"\n")]).rstrip(b"\r").split()
+        if len(line) != 3 or not line[2].startswith(b"HTTP/"):
+            self._answer(c, 400, b"not an HTTP request\n", "text/plain", reason="bad_request")
+            return
+        method, path = line[0], line[1].split(b"?", 1)[0].decode("latin-1")
+        if method not in (b"GET", b"HEAD"):
+            self._answer(c, 405, b"only GET and HEAD\n", "text/plain", reason="bad_request")
+        elif path not in self.pages:
+            self._answer(c, 404, b"try /metrics or /snapshot.json\n", "text/plain", head=method == b"HEAD")
+        else:
+            self._answer(c, 200, self._page(path), self.pages[path][1], head=method == b"HEAD")
+
+    def _page(self, path: str) -> bytes:
+        now = time.monotonic()
+        hit = self._cache.get(path)
+        if hit is None or now - hit[0] >= CACHE_S:
+            hit = self._cache[path] = (now, self.pages[path][0]())
+        return hit[1]
+
+    def _answer(self, c: _Conn, code: int, body: bytes, ctype: str, head: bool = False,
+                reason: str | None = None) -> None:
+        if reason:
+            self.dropped[reason] += 1
+        c.out = memoryview(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                           % (code, HTTPStatus(code).phrase.encode(), ctype.encode(), len(body))
+                           + (b"" if head else body))
+        c.deadline = c.started + REQUEST_TIMEOUT_S
+        self._sel.modify(c.sock, selectors.EVENT_WRITE, c)
+
+    def _close(self, c: _Conn, answered: bool = False) -> None:
+        self._conns.pop(c.sock, None)
+        try:
+            self._sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            if answered:
+                c.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        c.sock.close()
+
+
+class _Conn:
+    __slots__ = ("sock", "started", "deadline", "buf", "out", "sent")
+
+    def __init__(self, sock: socket.socket, now: float):
+        self.sock, self.started, self.deadline = sock, now, now + HEADER_TIMEOUT_S
+        self.buf = bytearray()
+        self.out: memoryview | None = None   # the answer, once the request is read
+        self.sent = 0
 
 
 def serve(listen: str, live: LiveAggregates) -> LiveServer:
@@ -130,32 +317,18 @@ def serve(listen: str, live: LiveAggregates) -> LiveServer:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     host, port = parse_listen(listen)
-    registry = registry_for(live)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-            elif path == "/snapshot.json":
-                body, ctype = json.dumps(live.snapshot()).encode(), "application/json"
-            else:
-                self.send_error(404, "try /metrics or /snapshot.json")
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):   # one line per scrape on stderr would drown the agent's own lines
-            pass
-
-    cls = type("Server", (ThreadingHTTPServer,), {"daemon_threads": True,
-                                                   "address_family": 10 if ":" in host else 2})
+    stats: dict = {}
+    registry = registry_for(live, http_dropped=lambda: dict(stats["server"].dropped))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        httpd = cls((host, port), Handler)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
+        sock.close()
         raise UserError(f"--listen {listen}: cannot listen there ({e.strerror}); pick another port "
                         "or stop what holds it") from None
-    return LiveServer(httpd)
+    server = stats["server"] = LiveServer(sock, {
+        "/metrics": (lambda: generate_latest(registry), CONTENT_TYPE_LATEST),
+        "/snapshot.json": (lambda: json.dumps(live.snapshot()).encode(), "application/json")})
+    return server
