@@ -5,7 +5,7 @@ import sys
 
 import typer
 
-from agent.errors import UserError
+from agent.errors import UserError, say
 
 app = typer.Typer(
     name="pslat",
@@ -39,13 +39,13 @@ def main() -> None:
     try:
         rc = app(standalone_mode=False)
     except UserError as e:
-        print(f"pslat: error: {e}", file=sys.stderr)
+        say("pslat", f"error: {e}")
         sys.exit(e.exit_code)
     except typer.TyperException as e:  # bad usage: unknown option, invalid value
         ctx = getattr(e, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         if e.format_message():  # empty when the help was shown for a bare command
-            print(f"pslat: error: {e.format_message()}{hint}", file=sys.stderr)
+            say("pslat", f"error: {e.format_message()}{hint}")
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)

@@ -6,6 +6,9 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import os
+import sys
+
+from agent.safetext import safe_text
 
 
 class UserError(Exception):
@@ -19,12 +22,17 @@ def require_root(what: str) -> None:
         raise UserError(f"{what} needs root (namespaces and BPF); run it with sudo")
 
 
+def say(prog: str, msg: object) -> None:
+    """One line on stderr, `prog: msg`. Messages carry strings from outside (library
+    paths from /proc/PID/maps, host ids, file names): control characters in them are
+    replaced, so they cannot drive the terminal (agent/safetext.py)."""
+    print(f"{prog}: {safe_text(msg)}", file=sys.stderr, flush=True)
+
+
 def run_main(prog: str, main, *args):
     """Runs a program's main; a UserError ends it as one line `prog: error: ...`."""
-    import sys
-
     try:
         return main(*args)
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        say(prog, f"error: {e}")
         sys.exit(e.exit_code)

@@ -48,3 +48,17 @@ def test_bad_input_is_one_line(args, expect):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pslat: error: ") and expect in lines[0], r.stderr
+
+
+def test_an_error_naming_a_hostile_path_cannot_drive_the_terminal(tmp_path):
+    """A path from outside (a run dir's name, a library in /proc/PID/maps) inside an error
+    line: its escape sequences and newlines are replaced, the line stays one line."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "x\x1b]8;;http://evil.example/\x07link\x1b[2J\nsecond"
+    p = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(bad)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "\x1b" not in p.stderr and "\x07" not in p.stderr
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("pslat: error: ")
