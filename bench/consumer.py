@@ -2,8 +2,14 @@
 replayed through the live decoders and correlator (agent.daemon.replay), without
 root and without the job competing for the cores.
 
-    python -m bench.consumer FILE [--repeat 3] [--baseline REV]   replay cost of a recording
+    python -m bench.consumer [FILE] [--repeat 3] [--baseline REV]   replay cost of a recording
     python -m bench.consumer --record FILE [--rate 200 --duration-s 15]   (root)
+
+FILE defaults to bench/data/production-30s.rec.gz: 30 s of psbench 2x4 in the
+virtual cluster (1 ms wire, 1 ms server delay, open loop at 50 requests/s per
+worker, the production setting of bench.overhead), made by `python -m
+bench.cost --record`: steady state, for cost figures (the 2 s recordings under
+tests/data are mostly start-up).
 
 Replay: each repeat runs in a fresh child process (peak RSS is per process), and
 prints CPU seconds (user + system of the whole replay, shard writing included,
@@ -35,6 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = ROOT / "tests" / "data" / "agent" / "netstack.rec.gz"
+STEADY = ROOT / "bench" / "data" / "production-30s.rec.gz"
 
 
 # ---------------------------------------------------------------- recording
@@ -111,7 +118,8 @@ def summary(runs: list[dict]) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.consumer", description=__doc__.split("\n\n")[0])
-    ap.add_argument("file", type=Path, help="a recording (`pslat agent --record`)")
+    ap.add_argument("file", type=Path, nargs="?", default=STEADY,
+                    help="a recording (`pslat agent --record`) [bench/data/production-30s.rec.gz]")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--baseline", metavar="REV", help="also replay with the agent of git revision REV, "
                     "runs interleaved; prints both and the ratios")

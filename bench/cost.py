@@ -723,7 +723,10 @@ def record(ctx: Ctx, path: Path, rate: float, seconds: float) -> dict:
 
     raw = ctx.tmp / "recording.rec"
     hosts = [h.name for h in ctx.cluster.hosts]
-    tracer = agent_tracer(ctx.tmp / "rec-agent", hosts, ["--record", str(raw)])
+    # every host pair kept (a recording of a shedding agent would hold half the job), and
+    # the agent ahead of other work on these shared cores: a recording is for its events,
+    # not for what it costs, and one that lost events replays a different job
+    tracer = agent_tracer(ctx.tmp / "rec-agent", hosts, ["--record", str(raw), "--sample-rate", "1", "--nice", "-10"])
     with ctx.groups.joined("tracer"):
         tracer.start()
     try:
@@ -742,7 +745,8 @@ def record(ctx: Ctx, path: Path, rate: float, seconds: float) -> dict:
     figs = job_figures(job.truth(), 1.0, open_loop=True)
     return {"recording": str(path), "bytes": path.stat().st_size, "raw_bytes": raw.stat().st_size,
             "rate_per_worker": rate, "seconds": seconds, "job_messages": figs["messages_all"],
-            "agent_messages": c["messages"], "lost": c["lost"], "seen": c["seen"]}
+            "agent_messages": c["messages"], "lost": c["lost"], "seen": c["seen"],
+            "lost_by_probe": {p: v.get("lost", 0) for p, v in c["probes"].items()}}
 
 
 def main(argv=None) -> int:

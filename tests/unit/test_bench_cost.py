@@ -246,3 +246,20 @@ def test_rounds_are_balanced_so_no_condition_always_follows_the_agent():
     follows = [(o[i], o[i + 1]) for o in orders for i in range(n - 1)]
     assert len(set(follows)) == len(follows) == n * (n - 1)   # every ordered pair once
     assert balanced_order(n, CONDITIONS) == orders[0]
+
+
+def test_the_steady_state_recording_is_in_the_current_format_and_small():
+    from agent.sources import RECORD_VERSION, read_recording
+    from bench.consumer import STEADY, main as consumer_main  # noqa: F401  (its default file)
+
+    assert STEADY.is_file(), "make it with: python -m bench.cost --record bench/data/production-30s.rec.gz --rate 50"
+    assert STEADY.stat().st_size < 10 << 20        # committed: the issue's ~10 MB
+    header, events = read_recording(STEADY)
+    assert header["format"] == RECORD_VERSION and header.get("sockcall_format") == "items"
+    assert {"sockcalls", "netstack", "framework"} <= set(header["probes"])
+    traced = sorted(header["netns_names"][str(i)] for i in header["selection"]["netns_inos"])
+    assert traced == [f"h{i}" for i in range(6)]   # the 2x4 cluster's hosts, not the wire's namespace
+    seen: dict[str, int] = {}
+    for probe, _raw in events:
+        seen[probe] = seen.get(probe, 0) + 1
+    assert all(seen.get(p, 0) > 10_000 for p in ("sockcalls", "netstack", "framework"))   # 30 s, not start-up
