@@ -38,6 +38,10 @@ class Dissection:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     sampling_rate: float | None = None
+    # each used host's run dir and meta.json as reports.load read and checked them (the
+    # views read these, not the files again: one reader of outside data)
+    dirs: dict[str, Path] = field(default_factory=dict)
+    metas: dict[str, dict] = field(default_factory=dict)
 
     @property
     def complete(self) -> pd.DataFrame:
@@ -92,7 +96,7 @@ def dissect_loaded(loaded: Loaded, force_estimate: bool = False) -> Dissection:
         notes.append(f"the agents sampled host pairs at rate {rate:g}: counts are of the sampled traffic")
     return Dissection(requests=table, clocks=clocks, hosts=[h.host_id for h in loaded.hosts],
                       stats=rstats, ends=end_stats, problems=list(loaded.problems), notes=notes,
-                      sampling_rate=rate)
+                      sampling_rate=rate, dirs={h.host_id: h.path for h in loaded.hosts}, metas=metas)
 
 
 def _to_client_clock(req: pd.DataFrame, clocks: dict) -> None:

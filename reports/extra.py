@@ -15,7 +15,6 @@ for the hosts the dissection used (a run dir it left out stays out).
 """
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +23,9 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from agent.rundir import META_FILE, SHARD_SUFFIX
-from reports.load import expand, host_shards, nullable
+from agent.rundir import SHARD_SUFFIX
+from reports.load import host_shards, nullable
 
 
 @dataclass
@@ -89,19 +87,9 @@ class RunContext:
 
     @classmethod
     def open(cls, run_dirs: list[Path] | None, d) -> "RunContext":
-        """The run dirs of the hosts that dissection `d` used (none: metas are empty)."""
-        dirs: dict[str, Path] = {}
-        metas: dict[str, dict] = {}
-        for p in expand(list(run_dirs or [])):
-            try:
-                meta = json.loads((p / META_FILE).read_text())
-            except (OSError, ValueError):
-                meta = {}
-            host = meta.get("host_id") if isinstance(meta, dict) else None
-            if host is None:   # reports.load took the id from the rows: so do we
-                host = _host_from_rows(p)
-            if host in d.hosts and host not in dirs:
-                dirs[host], metas[host] = p, meta if isinstance(meta, dict) else {}
+        """The run dirs of the hosts that dissection `d` used, as reports.load read them
+        (no run dirs given: none, and metas are empty)."""
+        dirs, metas = (dict(d.dirs), dict(d.metas)) if run_dirs else ({}, {})
         return cls(dirs=dirs, metas=metas, timeline=build_timeline(list(d.hosts), d.clocks, metas))
 
     def arrow(self, table: str, columns: list[str]) -> pa.Table:
@@ -125,17 +113,6 @@ class RunContext:
 
     def has_table(self, table: str) -> bool:
         return any(any(p.glob(f"{table}-*{SHARD_SUFFIX}")) for p in self.dirs.values())
-
-
-def _host_from_rows(p: Path) -> str | None:
-    for shard in sorted(p.glob(f"messages-*{SHARD_SUFFIX}")):
-        try:
-            ids = pq.read_table(shard, columns=["host_id"]).column("host_id").unique().to_pylist()
-        except Exception:
-            continue
-        if len(ids) == 1:
-            return str(ids[0])
-    return None
 
 
 def request_times_ref(req: pd.DataFrame, tl: Timeline) -> tuple[np.ndarray, np.ndarray]:

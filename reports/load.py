@@ -31,8 +31,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from agent.errors import UserError
-from agent.records import MESSAGES_SCHEMA
+from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
 from agent.rundir import META_FILE, SHARD_SUFFIX
+from agent.runmeta import TIME_LIMIT_NS, MetaError, read_meta_checked
+from agent.safefile import NotRegularFile, open_regular
+from agent.safetext import safe_text
 
 TABLE = "messages"
 # Not needed by the report (key_sample is the heaviest column: a list per row).
@@ -41,6 +44,17 @@ SKIPPED_COLUMNS = frozenset({"key_sample", "tid", "comm", "netns_ino", "cmd", "k
 # Realtime clocks of undisciplined hosts may disagree by this much: run dirs whose
 # [start, last update] intervals are further apart than this are different runs.
 RUN_GAP_TOLERANCE_NS = 300 * 10**9
+TABLE_SCHEMAS = {TABLE: MESSAGES_SCHEMA, "connections": CONNECTIONS_SCHEMA, "clock_samples": CLOCK_SAMPLES_SCHEMA}
+# Shards come from other hosts: a FIFO, a device or a huge file must not hang or exhaust the
+# report. The agent's writer holds at most 200,000 rows (agent.rundir max_buffered_rows) per
+# shard; ten times that is refused, as a footer claiming more rows than any agent writes.
+MAX_SHARD_BYTES = 4 << 30
+MAX_SHARD_ROWS = 2_000_000
+MAX_MESSAGE_BYTES = 1 << 40    # byte and key counts above this fit no message (1 TiB)
+
+
+class ShardError(Exception):
+    """A shard that cannot be used; str() names it, says why and that it was skipped."""
 
 
 @dataclass
@@ -115,58 +129,141 @@ def system_allocator():
         pa.set_memory_pool(old)
 
 
+def _family(t: pa.DataType) -> str:
+    """What a column's values are, whatever their width or encoding: the unit of agreement
+    between a shard and the schema (older shards, and tables written by pandas, have other
+    widths: a nullable int as double, text as large_string)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return "number"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list of {_family(t.value_type)}"
+    return str(t)
+
+
+def _type_name(t: pa.DataType) -> str:
+    return str(t.value_type if pa.types.is_dictionary(t) else t)
+
+
+def _value_limits(name: str) -> tuple[int, int, str] | None:
+    """The range of an integer column's values that the report computes with safely, by
+    its name's unit, and what it is; None for the rest (ids and ports: any value fits)."""
+    if name.startswith("ts_") and name.endswith("_ns"):
+        return 0, TIME_LIMIT_NS - 1, "a CLOCK_MONOTONIC time"
+    if name.endswith("_ns"):
+        return -TIME_LIMIT_NS + 1, TIME_LIMIT_NS - 1, "a duration"
+    if name.endswith("bytes") or name == "num_keys":
+        return 0, MAX_MESSAGE_BYTES, "a size of one message"
+    return None
+
+
+def read_shard(shard: Path, schema: pa.Schema, columns: list[str],
+               dictionary: tuple[str, ...] = ()) -> tuple[pa.Table, list[str]]:
+    """One shard's `columns`, each of its type in `schema` (the text columns in `dictionary`
+    dictionary-encoded; a column an older agent did not write is all null), and what was
+    wrong with some of its values (set to null, named). ShardError naming the shard when it
+    cannot be used: not a regular file, too large, not Parquet, a column of another kind
+    (text where a time should be) or whose values do not fit its type."""
+    try:
+        with open_regular(shard, MAX_SHARD_BYTES) as f:
+            pf = pq.ParquetFile(f, read_dictionary=list(dictionary))
+            md = pf.metadata   # the footer's count and its row groups' may disagree in a forged file
+            rows = max(md.num_rows, sum(md.row_group(i).num_rows for i in range(md.num_row_groups)))
+            if rows > MAX_SHARD_ROWS:
+                raise ShardError(f"{shard}: {rows:,} rows, more than the {MAX_SHARD_ROWS:,} a shard of the "
+                                 "agent holds: shard skipped")
+            have = pf.schema_arrow
+            for c in columns:
+                if c in have.names and c in schema.names \
+                        and _family(have.field(c).type) not in ("null", _family(schema.field(c).type)):
+                    raise ShardError(f"{shard}: column {c} is {_type_name(have.field(c).type)}, not "
+                                     f"{_type_name(schema.field(c).type)}: shard skipped")
+            tbl = pf.read(columns=[c for c in columns if c in have.names])
+    except NotRegularFile as e:
+        raise ShardError(f"{e}: shard skipped") from None
+    except ShardError:
+        raise
+    except Exception as e:  # pyarrow raises several types for a damaged or foreign file
+        raise ShardError(f"{shard}: unreadable shard skipped ({type(e).__name__}: {str(e)[:300]})") from None
+    cols, names, problems = [], [], []
+    for c in columns:
+        want = schema.field(c).type if c in schema.names else None
+        if want is not None and c in dictionary and pa.types.is_string(want):
+            want = pa.dictionary(pa.int32(), want)
+        col = tbl.column(c) if c in tbl.column_names else pa.nulls(len(tbl), want or pa.null())
+        if want is not None:
+            try:
+                col = col.cast(want)   # safe: a fraction or an overflow raises
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise ShardError(f"{shard}: column {c}'s values do not fit {_type_name(want)} "
+                                 f"({str(e)[:100]}): shard skipped") from None
+            limits = _value_limits(c) if pa.types.is_integer(want) else None
+            if limits is not None:
+                lo, hi, what = limits
+                bad = pc.fill_null(pc.or_(pc.less(col, lo), pc.greater(col, hi)), False)
+                n = pc.sum(bad).as_py() or 0
+                if n:
+                    col = pc.if_else(bad, pa.scalar(None, want), col)
+                    problems.append(f"{shard}: {n} values of {c} are not {what} in {lo:,}..{hi:,}: set to null")
+        cols.append(col)
+        names.append(c)
+    return pa.table(cols, names=names), problems
+
+
 def read_shards(path: Path) -> tuple[pa.Table, list[str]]:
     """The messages table of one run dir, with the columns of agent.records.MESSAGES_SCHEMA
-    the report reads (one an older agent did not write is all null), and the shards that
-    could not be read."""
+    the report reads (see read_shard), and what was wrong with its shards."""
     want = _wanted_schema()
     parts, problems = [], []
+    dictionary = tuple(f.name for f in want if pa.types.is_dictionary(f.type))
     for shard in sorted(Path(path).glob(f"{TABLE}-*{SHARD_SUFFIX}")):
         try:
-            have = pq.read_schema(shard).names
-            tbl = pq.read_table(shard, columns=[n for n in want.names if n in have],
-                                read_dictionary=[f.name for f in want
-                                                 if f.name in have and pa.types.is_dictionary(f.type)])
-            cols = [(tbl.column(f.name) if f.name in tbl.column_names else pa.nulls(len(tbl), f.type)).cast(f.type)
-                    for f in want]
-            parts.append(pa.table(cols, schema=want))
-        except Exception as e:  # pyarrow raises several types for a damaged or foreign file
-            problems.append(f"{shard}: unreadable shard skipped ({type(e).__name__}: {e})")
+            tbl, why = read_shard(shard, MESSAGES_SCHEMA, want.names, dictionary)
+        except ShardError as e:
+            problems.append(str(e))
+            continue
+        parts.append(tbl.cast(want))
+        problems.extend(why)
     return (pa.concat_tables(parts) if parts else want.empty_table()), problems
+
+
+def _of_host(t: pa.Table, host: str) -> pa.Array:
+    """True for the rows that name this host (a null host id names none)."""
+    return pc.fill_null(pc.equal(t.column("host_id").cast(pa.string()), host), False)
 
 
 def host_shards(path: Path, host: str, table: str, columns: list[str],
                 dictionary: tuple[str, ...] = ()) -> Iterator[pa.Table]:
-    """The rows of `table` in one host's run dir, a shard at a time, with these columns (one
-    an older agent did not write is all null; the text columns in `dictionary` dictionary-
-    encoded). Shards that cannot be read are skipped (for messages, read_shards names them).
-    One run dir is one host: rows of other hosts are left out, as read_host does."""
+    """The rows of `table` in one host's run dir, a shard at a time, with these columns (see
+    read_shard; the text columns in `dictionary` dictionary-encoded). Shards that cannot be
+    used are skipped (for messages, read_shards names them). One run dir is one host: rows
+    of other hosts are left out, as read_host does."""
+    schema = TABLE_SCHEMAS.get(table, pa.schema([]))
     for shard in sorted(Path(path).glob(f"{table}-*{SHARD_SUFFIX}")):
         try:
-            have = set(pq.read_schema(shard).names)
-            t = pq.read_table(shard, columns=[c for c in columns if c in have],
-                              read_dictionary=[c for c in dictionary if c in have])
-        except Exception:  # pyarrow raises several types for a damaged file
+            t, _ = read_shard(shard, schema, columns, dictionary)
+        except ShardError:
             continue
-        t = pa.table([t.column(c) if c in t.column_names else pa.nulls(len(t)) for c in columns], names=columns)
         if "host_id" in columns:
-            mine = pc.fill_null(pc.equal(t.column("host_id").cast(pa.string()), host), False)
+            mine = _of_host(t, host)
             if not pc.all(mine).as_py():   # a filter copies every column (key samples)
                 t = t.filter(mine)
         yield t
 
 
-def _read_meta(path: Path) -> tuple[dict, str | None]:
-    f = path / META_FILE
+def read_host_meta(path: Path) -> tuple[dict, list[str], str | None]:
+    """A run dir's meta.json as agent.runmeta checks it: (meta, the fields it ignored, None),
+    or ({}, [], why) when it cannot be used."""
     try:
-        meta = json.loads(f.read_text())
-    except FileNotFoundError:
-        return {}, f"{f} is missing"
-    except (OSError, ValueError) as e:
-        return {}, f"{f} is unreadable or truncated ({type(e).__name__}: {e})"
-    if not isinstance(meta, dict) or not isinstance(meta.get("host_id"), str):
-        return {}, f"{f} has no host_id"
-    return meta, None
+        meta, ignored = read_meta_checked(Path(path) / META_FILE)
+    except MetaError as e:
+        return {}, [], str(e)
+    return meta, ignored, None
 
 
 def _is_run_dir(p: Path) -> bool:
@@ -198,8 +295,9 @@ def _host_ids(tbl: pa.Table) -> list[str]:
 def read_host(path: Path) -> HostRun:
     """One run dir; host_id "" when nothing in it is usable (the reason in .problems)."""
     path = Path(path)
-    meta, meta_problem = _read_meta(path)
+    meta, ignored, meta_problem = read_host_meta(path)
     tbl, problems = read_shards(path)
+    problems[:0] = ignored
     host = meta.get("host_id")
     if meta_problem:
         ids = _host_ids(tbl)
@@ -212,18 +310,18 @@ def read_host(path: Path) -> HostRun:
                 f"its rows name several hosts ({', '.join(ids)})"
             problems.insert(0, f"{meta_problem} and {why}: {path} is left out")
             return HostRun(host_id="", path=path, meta={}, table=None, problems=problems)
-    mine = pc.equal(tbl.column("host_id").cast(pa.string()), host)
+    mine = _of_host(tbl, host)
     if tbl.num_rows and not pc.all(mine).as_py():
         # one run dir is one host: rows of another host mean it was assembled by hand
-        problems.append(f"{path}: {tbl.num_rows - pc.sum(mine).as_py()} rows name another host than "
-                        f"{host!r}; they are left out")
+        problems.append(f"{path}: {tbl.num_rows - (pc.sum(mine).as_py() or 0)} rows name no host or another "
+                        f"host than {host!r}; they are left out")
         tbl = tbl.filter(mine)
     n = tbl.num_rows
     counters = meta.get("counters") or {}
     expected = counters.get("messages")
     if meta.get("closed") and isinstance(expected, int):
         # rows_dropped counts every table's dropped rows: an upper bound for this one
-        missing = expected - int(counters.get("rows_dropped") or 0) - n
+        missing = expected - counters.get("rows_dropped", 0) - n
         if missing > 0:
             problems.append(f"{path}: {missing} of {expected} message rows are missing (a shard deleted "
                             "or unreadable); the rest is used")
@@ -292,9 +390,9 @@ def _load(paths: list[Path]) -> Loaded:
         problems.extend(h.problems)
         if h.host_id:
             hosts.append(h)
-    if not hosts:
-        raise UserError("no usable run dir among " + ", ".join(map(str, dirs)) + "; "
-                        + (problems[0] if problems else "see above"))
+    if not hosts:   # one line: what came from the run dirs made safe for a terminal
+        raise UserError(safe_text("no usable run dir among " + ", ".join(map(str, dirs)) + "; "
+                                  + (problems[0] if problems else "see above"), max_chars=2000))
     runs = _runs(hosts)
     if len(runs) > 1:
         runs.sort(key=lambda g: sum(h.rows for h in g), reverse=True)

@@ -5,6 +5,12 @@
 Drawn from the summary (reports.summary), so what the screen shows is what the
 JSON says. Fits 100 columns and reads the same without colour (emphasis is
 bold/dim only, never colour alone).
+
+Host ids, ops, addresses, file names and problem sentences come from run dirs that
+other hosts wrote: a renderer takes its dict through shown() (control characters
+replaced) and draws every string as a rich Text (row(), headers, titles), never as
+markup, so `ps1[/bold]` is shown as written and `ESC[2J` cannot reach the terminal,
+on a screen or in a file.
 """
 from __future__ import annotations
 
@@ -15,10 +21,28 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from agent.safetext import safe_text
 from reports import components as C
 
 GROUP_LABELS = {"host": "host (user + kernel)", "nic": "nic", "wire": "wire",
                 C.NETWORK_AND_REMOTE: C.NETWORK_AND_REMOTE, C.UNSPLIT: C.UNSPLIT}
+
+
+def shown(value: Any) -> Any:
+    """A view model made safe for a terminal: every string in it, keys too, through
+    agent.safetext.safe_text (numbers and the structure as they are)."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {shown(k): shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [shown(v) for v in value]
+    return value
+
+
+def row(t: Table, *cells: Any, style: str | None = None) -> None:
+    """A table row whose strings are Text: a str cell would be parsed as rich markup."""
+    t.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), style=style)
 
 
 def _us(x: float | None) -> str:
@@ -32,13 +56,13 @@ def _us(x: float | None) -> str:
 def _row(t: Table, label: str, st: dict | None, e2e_mean: float | None, n: int | None, total: int,
          style: str = "") -> None:
     if st is None:
-        t.add_row(Text(label, style=style), "-", "-", "-", "", style="dim")
+        row(t, Text(label, style=style), "-", "-", "-", "", style="dim")
         return
     if n is not None and n < total:
         share = f"n={n:,}"   # a share of the e2e would mislead: other requests lack this one
     else:
         share = "" if not e2e_mean else f"{100 * st['mean'] / e2e_mean:.0f}%"
-    t.add_row(Text(label, style=style), _us(st["mean"]), _us(st["p50"]), _us(st["p99"]), share)
+    row(t, Text(label, style=style), _us(st["mean"]), _us(st["p50"]), _us(st["p99"]), share)
 
 
 def op_table(op: str, s: dict[str, Any]) -> Table:
@@ -73,7 +97,7 @@ def clock_table(clock: dict[str, Any]) -> Table:
                  ("+- us", "right"), ("samples", "right")):
         t.add_column(h, justify=j)
     for key, c in clock.items():
-        t.add_row(key, c["source"], _us(c["offset_us"]),
+        row(t, key, c["source"], _us(c["offset_us"]),
                   "-" if c["drift_ppm"] is None else f"{c['drift_ppm']:.2f}",
                   _us(c["uncertainty_us"]), f"{c.get('samples', 0):,}")
     return t
@@ -87,7 +111,7 @@ def _by_host(title: str, by: dict[str, Any]) -> Table:
         t.add_column(h, justify="right")
     for host, b in by.items():
         e2e, g = b["e2e_us"] or {}, b["groups_us"]
-        t.add_row(host, f"{b['count']:,}", _us(e2e.get("p50")), _us(e2e.get("p99")),
+        row(t, host, f"{b['count']:,}", _us(e2e.get("p50")), _us(e2e.get("p99")),
                   *(_us((g.get(k) or {}).get("p50")) for k in ("host", "nic", "wire")))
     return t
 
@@ -96,7 +120,7 @@ class SummaryView:
     """A rich renderable of reports.summary.summary()'s dict."""
 
     def __init__(self, summary: dict[str, Any], per_host: bool = True):
-        self.s = summary
+        self.s = shown(summary)
         self.per_host = per_host
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:

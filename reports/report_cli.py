@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from agent.errors import UserError
+from agent.safetext import safe_text
 
 FORMATS = ("term", "json", "parquet", "csv", "html", "trace")
 EXTENSIONS = {".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "term",
@@ -82,7 +83,7 @@ def report(
         report_console().print(FullReport(build_model(d, dirs)))
         return
     for p in d.problems:   # the screen view shows them; a file does not reach the user's eyes
-        print(f"pslat report: warning: {p}", file=sys.stderr)
+        print(f"pslat report: warning: {safe_text(p)}", file=sys.stderr)   # they name what run dirs hold
     if fmt == "json":
         text = json.dumps(summary(d), indent=1) + "\n"
         if output is None:

@@ -6,7 +6,8 @@ The breakdown per op is the dissection's compact view (reports.render_term,
 drawn from the JSON summary); this adds what the study asks beyond it:
 concurrency, connection management, key skew, what the clocks mean, agent
 health. Fits 100 columns and reads the same without colour (emphasis is
-bold/dim, never colour alone).
+bold/dim, never colour alone). Strings from run dirs are drawn as text only, as
+reports.render_term says.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reports.findings import pct, us
-from reports.render_term import SummaryView
+from reports.render_term import SummaryView, row, shown
 
 MAX_CLOCK_ROWS = 12
 WIDTH_COLUMNS = 100   # what the report is laid out for
@@ -38,7 +39,7 @@ def _table(title: str, cols: list[tuple[str, str]]) -> Table:
     t = Table(title=Text(title, style="bold"), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
               show_edge=False, padding=(0, 1))
     for name, justify in cols:
-        t.add_column(name, justify=justify)
+        t.add_column(Text(name), justify=justify)   # a probe's name comes from meta.json
     return t
 
 
@@ -63,7 +64,7 @@ def concurrency_view(m: dict) -> list:
                    [("in flight", "right"), ("requests", "right"), ("e2e p50", "right"), ("e2e p99", "right"),
                     ("sock wait", "right"), ("run-queue", "right"), ("busy elsewhere", "right")])
         for r in per["server"]["by_conns"]:
-            t.add_row(f"{r['conns']}{'+' if r['pooled'] else ''}", f"{r['requests']:,}", us(r["e2e_p50_us"]),
+            row(t, f"{r['conns']}{'+' if r['pooled'] else ''}", f"{r['requests']:,}", us(r["e2e_p50_us"]),
                       us(r["e2e_p99_us"]), us(r["sock_wait_us"]), us(r["runq_wait_us"]), us(r["busy_wait_us"]))
         if t.row_count:
             out.append(t)
@@ -87,7 +88,7 @@ def connections_view(m: dict) -> list:
                 ("accept wait p50", "right")])
     for h in c["hosts"]:
         hs, aw = h["handshake_us"] or {}, h["accept_wait_us"] or {}
-        t.add_row(h["host"], f"{h['connects']:,}", f"{h['accepts']:,}", f"{h['closes']:,}",
+        row(t, h["host"], f"{h['connects']:,}", f"{h['accepts']:,}", f"{h['closes']:,}",
                   f"{h['connect_failures']:,}", f"{h['retransmits']:,}", us(hs.get("p50")), us(hs.get("p99")),
                   us(aw.get("p50")))
     return [t, line]
@@ -103,7 +104,7 @@ def skew_view(m: dict) -> list:
                 ("distinct keys", "right"), ("top 1%", "right"), ("top 10%", "right"), ("Zipf s", "right")])
     for op in ops:
         o = k[op]
-        t.add_row(op, f"{o['messages']:,}", f"{o['keys_per_message']:.1f}",
+        row(t, op, f"{o['messages']:,}", f"{o['keys_per_message']:.1f}",
                   "exact" if o.get("exact") else pct(o.get("subset_fraction")),
                   f"{o['distinct_keys_est']:,.0f}" if o.get("distinct_keys_est") else "-",
                   pct(o.get("top1_share")), pct(o.get("top10_share")),
@@ -126,7 +127,7 @@ def clocks_view(m: dict) -> list:
     t = _table("clocks and the wire split (widest uncertainty first)",
                [("A~B", "left"), ("source", "left"), ("wire_req/resp each +-", "right"), ("mean wire_req", "right")])
     for r in rows[:MAX_CLOCK_ROWS]:
-        t.add_row(r["pair"], r["source"], us(r["uncertainty_us"]), us(r.get("wire_req_mean_us")))
+        row(t, r["pair"], r["source"], us(r["uncertainty_us"]), us(r.get("wire_req_mean_us")))
     out: list = [t]
     if len(rows) > MAX_CLOCK_ROWS:
         out.append(Text(f"({len(rows) - MAX_CLOCK_ROWS} more pairs in the JSON/HTML report)"))
@@ -148,7 +149,7 @@ def health_view(m: dict) -> list:
         cells = [f"{a['probes'][p]['seen']:,} / {a['probes'][p]['lost']:,}" if p in a["probes"] else "-"
                  for p in probes]
         dropped, sampling = agent_writers(a)
-        t.add_row(agent_hosts(a["hosts"]), *cells, f"{dropped:,}", sampling)
+        row(t, agent_hosts(a["hosts"]), *cells, f"{dropped:,}", sampling)
     return [t]
 
 
@@ -156,7 +157,7 @@ class FullReport:
     """A rich renderable of reports.viewmodel.build_model()'s dict."""
 
     def __init__(self, model: dict[str, Any]):
-        self.m = model
+        self.m = shown(model)   # strings from run dirs: see reports.render_term
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         m = self.m
