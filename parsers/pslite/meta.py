@@ -133,7 +133,25 @@ def identity_of(node_id: int) -> bytes:
     return b"ps%d" % node_id
 
 
+# A node id is an int in ps-lite (int32 in PBNode) and in the run dir's sender and
+# recver columns: a larger one from a peer's identity is refused, not passed on.
+NODE_ID_MAX = 2**31 - 1
+_NODE_ID_DIGITS_MAX = len(str(NODE_ID_MAX))
+
+
+def is_node_identity(identity: bytes) -> bool:
+    """Named as ps-lite names its DEALERs ("ps" + decimal digits), whatever the value:
+    with node_id_of_identity None, a node id out of range (rejected, to be counted)."""
+    return identity.startswith(b"ps") and identity[2:].isdigit()
+
+
 def node_id_of_identity(identity: bytes) -> int | None:
-    if identity.startswith(b"ps") and identity[2:].isdigit():
-        return int(identity[2:])
-    return None
+    """The node id in a ps-lite identity, None if it is not one or does not fit int32.
+    The identity is whatever bytes the peer chose: its length is checked before int()
+    (which refuses 4,300 digits and more, and costs quadratic time below that)."""
+    digits = identity[2:]
+    if (len(digits) > _NODE_ID_DIGITS_MAX or not identity.startswith(b"ps")
+            or not digits.isdigit()):
+        return None
+    node = int(digits)
+    return node if node <= NODE_ID_MAX else None

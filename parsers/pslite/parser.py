@@ -33,7 +33,7 @@ import numpy as np
 
 from .keysample import KEY_BYTES, KeySampler, bottom_k
 from .message import KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes, infer_op, read_meta
-from .meta import node_id_of_identity
+from .meta import is_node_identity, node_id_of_identity
 from .resync import ResyncMixin
 from .states import (_COMMAND, _DATA, _DISCARD, _GAP, _GREETING, _HEADER, _HUNT, _KEYS,
                      _KEYS_SMALL, _META, _OPAQUE, _SKIP)
@@ -70,6 +70,9 @@ class ParserStats:
     messages: int
     resyncs: int  # times sync was found by hunting (mid-stream start, after a gap or garbage)
     desyncs: int  # times a synced stream met bytes that made no sense and went hunting
+    # values from the wire refused because no column could hold them (a READY identity
+    # "ps<digits>" whose node id does not fit the sender column's int32)
+    values_rejected: int = 0
 
 
 class PsliteStreamParser(ResyncMixin):
@@ -94,7 +97,7 @@ class PsliteStreamParser(ResyncMixin):
         self._start = start_offset
         self._fed = self._gaps = 0
         self._msg_bytes = self._hs_bytes = self._unparsed = self._lost = 0
-        self._messages = self._resyncs = self._desyncs = 0
+        self._messages = self._resyncs = self._desyncs = self._rejected = 0
         self._acct = start_offset  # every byte before this one is counted somewhere
         self._state = _HUNT if mid_stream else _GREETING
         self._out: list[PsMessage] = []
@@ -121,7 +124,13 @@ class PsliteStreamParser(ResyncMixin):
         self._hunt = bytearray()
         self._hunt_base = start_offset
         self._hunt_scanned = 0  # bytes of the window already scanned for candidates
-        self._undecided: list[int] = []  # candidates (window positions) waiting for bytes
+        self._hunt_scanned_long = 0  # and for long headers and greetings (hunt.LONG_SCAN_BYTES)
+        # candidates waiting for bytes, by stream offset: {offset: end needed}, and two
+        # heaps over it, of (end needed, offset) and of offsets (entries of decided
+        # candidates are skipped when they come up): see ResyncMixin._hunt_feed
+        self._undecided: dict[int, int] = {}
+        self._undecided_by_end: list[tuple[int, int]] = []
+        self._undecided_at: list[int] = []
         # tentative chain
         self._tentative = False
         self._tent_start = 0
@@ -143,7 +152,12 @@ class PsliteStreamParser(ResyncMixin):
                 mv = mv.cast("B")
         self._fed += len(mv)
         out = self._out = []
-        items = self._consume(mv)
+        if self._state == _HUNT:   # _consume's first step when hunting, without its loop
+            base = self.offset
+            self.offset = base + len(mv)
+            items = self._hunt_feed(mv, base)
+        else:
+            items = self._consume(mv)
         if items:
             self._run(items)
         return out
@@ -222,7 +236,7 @@ class PsliteStreamParser(ResyncMixin):
             msgs, mb, hb, unp, lost, acct = (self._messages, self._msg_bytes, self._hs_bytes,
                                              self._unparsed, self._lost, self._acct)
         return ParserStats(self._fed, self._gaps, mb, hb, unp, lost, self.offset - acct, msgs,
-                           self._resyncs, self._desyncs)
+                           self._resyncs, self._desyncs, self._rejected)
 
     # ---------------------------------------------------------------- work loop
     def _run(self, items: list) -> None:
@@ -447,8 +461,10 @@ class PsliteStreamParser(ResyncMixin):
             if cmd.name == b"READY":
                 self.socket_type = cmd.properties.get(b"socket-type", self.socket_type)
                 if b"identity" in cmd.properties:
-                    self.identity = cmd.properties[b"identity"]
-                    self.sender_node_id = node_id_of_identity(self.identity)
+                    self.identity = ident = cmd.properties[b"identity"]
+                    self.sender_node_id = node_id_of_identity(ident)
+                    if self.sender_node_id is None and is_node_identity(ident):
+                        self._rejected += 1
             elif cmd.name == b"ERROR":
                 self.error_reason = cmd.error_reason
             self._hs_bytes += end_abs - self._acct

@@ -14,8 +14,9 @@ kept apart so that parser.py reads as the walk of a healthy stream).
 from __future__ import annotations
 
 import struct
+from heapq import heappop, heappush
 
-from .hunt import TAIL_BYTES, candidates
+from .hunt import LONG_SCAN_BYTES, SHORT_TAIL_BYTES, TAIL_BYTES, candidates, short_candidates
 from .keysample import KeySampler
 from .message import read_meta
 from .states import _DATA, _DISCARD, _GAP, _GREETING, _HEADER, _HUNT, _KEYS, _KEYS_SMALL, _SKIP
@@ -47,7 +48,10 @@ class ResyncMixin:
         self._hunt = bytearray(window)
         self._hunt_base = window_abs
         self._hunt_scanned = 0
-        self._undecided = []
+        self._hunt_scanned_long = 0
+        self._undecided = {}
+        self._undecided_by_end = []
+        self._undecided_at = []
 
     def _lose_sync(self) -> None:
         """Drop whatever is in progress as unparsed (a gap or discard follows)."""
@@ -99,39 +103,84 @@ class ResyncMixin:
         as work to parse (tentatively); else keep only what may still start one.
 
         A candidate whose meta is not all here yet stays undecided (kept, judged again
-        with more bytes) but does not stop the scan: a later candidate that is whole
-        and valid wins, since a real meta rarely contains a valid-looking message."""
+        once the bytes it needs have come) but does not stop the scan: a later candidate
+        that is whole and valid wins, since a real meta rarely contains a valid-looking
+        message. Each byte is scanned once and each candidate judged at most twice, so
+        hunting costs the same in 10-byte reads as in 1,500-byte ones (judging every
+        undecided candidate again on every read cost 14 s against 0.07 s for 65 KB of
+        headers that each claim a 65,535-byte meta)."""
         buf = self._hunt
         if not buf:
             self._start_hunt(b"", mv_abs)
             buf = self._hunt
         buf += mv
-        # earlier bytes were scanned already, except matches that did not fit in them
-        fresh_from = max(0, self._hunt_scanned - TAIL_BYTES)
-        fresh = [fresh_from + j for j in candidates(memoryview(buf)[fresh_from:])]
-        undecided = []
-        for j in sorted(set(self._undecided).union(fresh)):
+        base = self._hunt_base
+        n = len(buf)
+        undecided = self._undecided
+        # earlier bytes were scanned already, except matches that did not fit in them;
+        # long headers and greetings only every LONG_SCAN_BYTES (see hunt.py)
+        scanned_long = self._hunt_scanned_long
+        if n - scanned_long >= LONG_SCAN_BYTES:
+            found = candidates(buf, max(0, min(self._hunt_scanned - SHORT_TAIL_BYTES,
+                                               scanned_long - TAIL_BYTES)))
+            scanned_long = n
+        else:
+            found = short_candidates(buf, max(0, self._hunt_scanned - SHORT_TAIL_BYTES))
+        if undecided:
+            if found:
+                found = [j for j in found if base + j not in undecided]
+            by_end = self._undecided_by_end
+            end = base + n
+            if by_end[0][0] <= end:   # some have all the bytes they need
+                ready = []
+                while by_end and by_end[0][0] <= end:
+                    at = heappop(by_end)[1]
+                    del undecided[at]
+                    ready.append(at - base)
+                found = sorted(ready + found) if found or len(ready) > 1 else ready
+        for j in found:
+            # the bytes a candidate needs before it can be judged (see _judge)
+            flags = buf[j]
+            if flags == 0xFF:
+                need, size = j + GREETING_BYTES, 0
+            elif flags & FLAG_LONG:
+                size = _U64_BE.unpack_from(buf, j + 1)[0]
+                need = j + 9 + size
+            else:
+                size = buf[j + 1]
+                need = j + 2 + size
+            if need > n and size <= self.meta_max_bytes:
+                at = base + j
+                undecided[at] = base + need
+                heappush(self._undecided_by_end, (base + need, at))
+                heappush(self._undecided_at, at)
+                continue
             verdict = self._judge(buf, j)
-            if verdict == _NEED_MORE:
-                undecided.append(j)
-            elif verdict != _REJECT:
+            if verdict != _REJECT:
                 self._drop_hunted(j)
-                start = self._hunt_base
                 rest = bytes(buf)
                 buf.clear()
-                self.offset = start
+                self._undecided, self._undecided_by_end, self._undecided_at = {}, [], []
+                self.offset = base + j
                 if verdict == _ACCEPT_GREETING:
                     self._resyncs += 1
                     self._state = _GREETING
                 else:
-                    self._begin_tentative(start)
+                    self._begin_tentative(base + j)
                 return [(_DATA, memoryview(rest))]
-        k = max(0, len(buf) - TAIL_BYTES)
+        # keep what may still start a match, or is not yet scanned for long ones
+        k = min(n, scanned_long) - TAIL_BYTES
         if undecided:
-            k = min(k, undecided[0])
-        self._drop_hunted(k)
-        self._undecided = [j - k for j in undecided]
-        self._hunt_scanned = len(buf)
+            first = self._undecided_at
+            while first[0] not in undecided:
+                heappop(first)
+            k = min(k, first[0] - base)
+        if k > 0:
+            self._drop_hunted(k)
+        else:
+            k = 0
+        self._hunt_scanned = n - k
+        self._hunt_scanned_long = scanned_long - k
         return None
 
     def _drop_hunted(self, k: int) -> None:
