@@ -8,6 +8,7 @@ from types import ModuleType
 # Every protocol parser and every reader of outside data adds its target here.
 TARGETS: dict[str, str] = {
     "pslite_stream": "fuzz.pslite_stream",
+    "rundir_reader": "fuzz.rundir_reader",
 }
 
 CORPUS_ROOT = Path(__file__).resolve().parents[1] / "tests" / "data" / "fuzz"
