@@ -9,17 +9,22 @@ requests/s, p50/p99 of the time this host saw, and a bar of how that time
 splits into its own components: host, NIC, network-and-remote (what it cannot
 see from here), unsplit (a missing stage joined host and network time). `d` or
 --detail shows the finer components. Keys: `d` detail, `q` quit.
+
+What it draws comes from other hosts (agents' /snapshot.json) or from traced
+names (its own probes), so: snapshots are read by agent.snapshots (every field
+type-checked, wrong parts skipped and said on the status line), fetched in
+threads of their own under a deadline and a size cap per fetch (keys are read
+every KEY_POLL_S whatever an agent does), and every string from them goes into
+rich Text through agent.safetext (never markup, control characters replaced).
 """
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import List, Optional
 
@@ -27,9 +32,13 @@ import typer
 
 from agent.errors import UserError
 from agent.live import CLIENT_COMPONENTS, GROUP_OF, GROUPS, SERVER_COMPONENTS, UNSPLIT, merge_snapshots, quantile_ns
+from agent.safetext import safe_text
+from agent.snapshots import (FETCH_TIMEOUT_S, SnapshotError, fetch_body, parse_json, read_snapshot, read_snapshot_file,
+                             skipped_text)
 from parsers.pslite.keysample import key_text
 
 REFRESH_S = 1.0
+KEY_POLL_S = 0.1      # how long a key press may wait to be read: `q` quits within this
 GROUP_GLYPH = {"host": "█", "nic": "▓", "network_and_remote": "░", UNSPLIT: "·"}
 GROUP_STYLE = {"host": "red", "nic": "yellow", "network_and_remote": "blue", UNSPLIT: "bright_black"}
 GROUP_LABEL = {"host": "host", "nic": "NIC", "network_and_remote": "network+remote", UNSPLIT: "unsplit"}
@@ -123,8 +132,9 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
     head.append("pslat top", style="bold").append(
         f"  {len(agents)} agent{'s' * (len(agents) != 1)} · {len(hosts)} host{'s' * (len(hosts) != 1)}"
         f" · last {snap.get('window_s', 0)} s · {'detail' if detail else 'groups'} (d) · quit (q)")
+    status = "  ".join(x for x in [status, *snap.get("problems", [])] if x)
     if status:
-        head.append(f"  {status}", style="italic")
+        head.append(f"  {safe_text(status)}", style="italic")
 
     keys, conns = snap.get("keys", {}), snap.get("connections", {})
     n_keys = TOP_KEYS_WIDE if wide else TOP_KEYS_NARROW
@@ -150,8 +160,8 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
         e2e = g["hists"]["e2e"]
         counts = {int(i): c for i, c in e2e["counts"]}
         peer = _peer(g["peer"], ip_hosts)
-        row = [g["host"], "cli" if g["role"] == "client" else "srv", g["op"],
-               "self" if peer == g["host"] else peer, fmt_rate(g["rate_per_s"])]
+        row = [safe_text(g["host"]), "cli" if g["role"] == "client" else "srv", safe_text(g["op"]),
+               "self" if peer == g["host"] else safe_text(peer), fmt_rate(g["rate_per_s"])]
         if wide:
             row.append(fmt_ns(e2e["sum_ns"] / e2e["n"] if e2e["n"] else None))
         rows.append(row + [fmt_ns(quantile_ns(counts, 0.5)), fmt_ns(quantile_ns(counts, 0.99))])
@@ -162,8 +172,8 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
     for i, h in enumerate(heads):
         t.add_column(h, no_wrap=True, overflow="ellipsis", width=widths[i], justify="right" if i >= 4 else "left")
     t.add_column("SPLIT OF THIS HOST'S TIME", no_wrap=True, overflow="crop", width=bar_w)
-    def add(cells: list, last=""):
-        t.add_row(*cells, last)
+    def add(cells: list, last=""):   # Text, never str: a str cell would be parsed as rich markup
+        t.add_row(*(Text(c) for c in cells), last if isinstance(last, Text) else Text(last))
     for g, row in zip(shown, rows):
         add(row, bar(g, bar_w, detail))
     if len(shown) < len(groups):
@@ -191,27 +201,28 @@ def _clip(t):
 def _key_line(host: str, k: dict, n: int):
     from rich.text import Text
     total = k["sampled"] or 1
-    t = Text(f"  {host}: ")
+    t = Text(f"  {safe_text(host)}: ")
     t.append("  ".join(f"{key_text(int(key))} {100 * c / total:.1f}%" for key, c in k["top"][:n]))
     return t
 
 
 def _conn_line(host: str, c: dict):
     from rich.text import Text
-    return Text(f"  {host}: {c.get('open', 0)} open, +{c.get('opened_per_s', 0):.1f}/s "
+    return Text(f"  {safe_text(host)}: {c.get('open', 0):.0f} open, +{c.get('opened_per_s', 0):.1f}/s "
                 f"-{c.get('closed_per_s', 0):.1f}/s; connects {c.get('connects', 0)}, "
                 f"accepts {c.get('accepts', 0)}, closed {c.get('closed_total', 0)}")
 
 
 def _health_line(a: dict):
     from rich.text import Text
+    name = safe_text(a["agent"])
     if "error" in a:
-        return Text(f"  {a['agent']}: unreachable ({a['error']})", style="bold red")
+        return Text(f"  {name}: unreachable ({safe_text(a['error'])})", style="bold red")
     ev = a.get("events_per_s")
     cpu = a.get("cpu_pct")
     lost = a.get("lost", {})
-    lost_s = ", ".join(f"{p} {n}" for p, n in lost.items()) or "-"
-    t = Text(f"  {a['agent']}: {'-' if ev is None else f'{ev:,.0f}'} ev/s, cpu "
+    lost_s = ", ".join(f"{safe_text(p)} {n}" for p, n in lost.items()) or "-"
+    t = Text(f"  {name}: {'-' if ev is None else f'{ev:,.0f}'} ev/s, cpu "
              f"{'-' if cpu is None else f'{cpu:.1f}%'}, sampling {100 * a.get('sampling_rate', 1):.0f}%, "
              f"lost: ")
     t.append(lost_s, style="bold red" if any(lost.values()) else "")
@@ -237,17 +248,62 @@ def _agent_addr(text: str) -> str:
     return text
 
 
-def fetch(addrs: list[str], timeout_s: float = 0.8) -> dict:
-    snaps, down = [], []
-    for a in addrs:
-        try:
-            with urllib.request.urlopen(f"http://{a}/snapshot.json", timeout=timeout_s) as r:
-                snaps.append(json.loads(r.read()))
-        except (OSError, ValueError) as e:
-            down.append({"agent": a, "error": str(getattr(e, "reason", e))[:60]})
-    merged = merge_snapshots(snaps)
-    merged["agents"] += down
-    return merged
+def fetch_one(addr: str, timeout_s: float = FETCH_TIMEOUT_S) -> tuple[dict | None, dict | None, str]:
+    """One agent's snapshot: (snapshot, None, what was skipped) or (None, its health line's error, "")."""
+    try:
+        snap, skipped = read_snapshot(parse_json(fetch_body(addr, timeout_s=timeout_s)))
+    except (OSError, ValueError) as e:   # FetchError is an OSError; SnapshotError, a bad name's UnicodeError ValueErrors
+        why = (str(e.strerror or e) if isinstance(e, OSError) else
+               f"not a snapshot: {e}" if isinstance(e, SnapshotError) else f"bad address ({e})")
+        return None, {"agent": addr, "error": why[:80]}, ""
+    said = skipped_text(skipped)
+    return snap, None, f"{addr}: {said}" if said else ""
+
+
+def merged(results: list[tuple[dict | None, dict | None, str]]) -> dict:
+    """fetch_one's results as one view: the snapshots merged, the errors as agent lines, what was
+    skipped on the status line."""
+    out = merge_snapshots([snap for snap, _, _ in results if snap is not None])
+    out["agents"] += [down for _, down, _ in results if down is not None]
+    out["problems"] = [said for _, _, said in results if said]
+    return out
+
+
+def fetch(addrs: list[str], timeout_s: float = FETCH_TIMEOUT_S) -> dict:
+    """Every agent once, one after the other (--agent's loop fetches them in the background)."""
+    return merged([fetch_one(a, timeout_s) for a in addrs])
+
+
+class Feeds:
+    """One thread per agent fetching its snapshot every REFRESH_S; snapshot() gives the latest of
+    each at once, so the screen and the keys never wait on a slow or hostile agent."""
+
+    def __init__(self, addrs: list[str], timeout_s: float = FETCH_TIMEOUT_S):
+        self.addrs = addrs
+        self.lock = threading.Lock()
+        self.latest: dict[str, tuple] = {a: (None, {"agent": a, "error": "no answer yet"}, "") for a in addrs}
+        self.stopped = threading.Event()
+        for a in addrs:   # daemons: `q` leaves at once, a fetch under way is abandoned
+            threading.Thread(target=self._run, args=(a, timeout_s), name=f"pslat-top-{a}", daemon=True).start()
+
+    def _run(self, addr: str, timeout_s: float) -> None:
+        while not self.stopped.is_set():
+            t0 = time.monotonic()
+            try:
+                got = fetch_one(addr, timeout_s)
+            except Exception as e:   # a bug, not the agent's doing: said on its line, not a dead thread
+                got = (None, {"agent": addr, "error": f"internal error: {type(e).__name__}: {e}"[:80]}, "")
+            with self.lock:
+                self.latest[addr] = got
+            self.stopped.wait(max(0.0, REFRESH_S - (time.monotonic() - t0)))
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            results = [self.latest[a] for a in self.addrs]
+        return merged(results)
+
+    def stop(self) -> None:
+        self.stopped.set()
 
 
 class Keys:
@@ -291,7 +347,7 @@ def loop(get_snapshot, detail: bool, status=lambda: "", stop=lambda: False) -> N
             live.update(render(snap, w, h, detail, status()), refresh=True)
             deadline = time.monotonic() + REFRESH_S
             while (left := deadline - time.monotonic()) > 0 and not stop():
-                k = keys.read(min(left, 0.2))
+                k = keys.read(min(left, KEY_POLL_S))
                 if k in ("q", "Q"):
                     return
                 if k in ("d", "D"):
@@ -329,11 +385,14 @@ def top(
         if agent or filters:
             raise UserError("--snapshot draws a saved file; leave out --agent and the filters")
         try:
-            snap = json.loads(snapshot.read_text())
-            snap = merge_snapshots([snap])
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            snap, skipped = read_snapshot_file(snapshot)
+        except OSError as e:
+            raise UserError(f"--snapshot {snapshot}: cannot read it ({e.strerror or e}); give a saved "
+                            "/snapshot.json") from None
+        except SnapshotError as e:
             raise UserError(f"--snapshot {snapshot}: not a pslat /snapshot.json ({e}); save one with "
                             "curl http://ADDR:PORT/snapshot.json") from None
+        snap = dict(merge_snapshots([snap]), problems=[skipped_text(skipped)] if skipped else [])
         from rich.console import Console
         c = Console(color_system=None if not sys.stdout.isatty() else "auto")
         c.print(render(snap, c.size.width, c.size.height, detail))
@@ -342,8 +401,11 @@ def top(
         if filters:
             raise UserError("--agent draws running agents (they have their own filters); leave out "
                             "--pid/--comm/--netns/--port/--lib/--no-netstack/--sample-rate")
-        addrs = [_agent_addr(a) for a in agent]
-        loop(lambda: fetch(addrs), detail)
+        feeds = Feeds([_agent_addr(a) for a in agent])
+        try:
+            loop(feeds.snapshot, detail)
+        finally:
+            feeds.stop()
         return
     from agent.daemon import AgentOptions
     _in_process(AgentOptions(out=Path(), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
