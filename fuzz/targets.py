@@ -9,6 +9,7 @@ from types import ModuleType
 TARGETS: dict[str, str] = {
     "pslite_stream": "fuzz.pslite_stream",
     "rundir_reader": "fuzz.rundir_reader",
+    "snapshot_reader": "fuzz.snapshot_reader",
 }
 
 CORPUS_ROOT = Path(__file__).resolve().parents[1] / "tests" / "data" / "fuzz"
