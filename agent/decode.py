@@ -30,12 +30,13 @@ import struct
 from collections import deque
 from dataclasses import dataclass, field
 
+from agent.safetext import safe_text
 from parsers.pslite import PsliteStreamParser
 from parsers.pslite.message import PsMessage
-from parsers.pslite.meta import node_id_of_identity
+from parsers.pslite.meta import is_node_identity, node_id_of_identity
 from probes import framework as _fw
-from probes.events import (AF_INET, AF_INET6, SOCKCALL_F_ISN_DERIVED, SOCKCALL_F_ISN_EXACT,
-                           SockCall, SockcallEvent)
+from probes.events import (AF_INET, AF_INET6, PID_MAX, SOCKCALL_F_ISN_DERIVED, SOCKCALL_F_ISN_EXACT,
+                           TIME_NS_MAX, SockCall, SockcallEvent)
 
 MASK32 = 0xFFFFFFFF
 # Calls kept per direction to find the call that moved a message's first byte
@@ -122,6 +123,10 @@ _comm_cache: dict[bytes, str] = {}
 def _call(h, view: list, ends: dict) -> Call:
     (enter, exit_, sk, _cookie, _ret, tgid, tid, _fd, netns, seq_start, seq_end, isn_l, isn_r,
      saddr, daddr, family, sport, dport, _pb, call, flags, comm) = h
+    if enter > TIME_NS_MAX or exit_ > TIME_NS_MAX or tgid > PID_MAX or tid > PID_MAX:
+        # the pid, tid and time columns could not hold it (probes.events.TIME_NS_MAX)
+        raise ValueError(f"sockcall record with times {enter}, {exit_} or ids {tgid}, {tid} "
+                         "no kernel gives")
     # the same few connections and threads call after call: their strings once
     key = (family, saddr, sport, daddr, dport)
     ends_of = _ends_cache.get(key)
@@ -133,7 +138,8 @@ def _call(h, view: list, ends: dict) -> Call:
     if name is None:
         if len(_comm_cache) >= 65536:
             _comm_cache.clear()
-        name = _comm_cache[comm] = comm.split(b"\0", 1)[0].decode(errors="replace")
+        # a name the traced process chose: control characters (terminal escapes) replaced
+        name = _comm_cache[comm] = safe_text(comm.split(b"\0", 1)[0].decode(errors="replace"))
     # positional: keyword arguments cost ~1 us per call here
     return Call(call in _SEND_CALLS, tgid, tid, name, netns, sk, enter, exit_, family, ends_of[0], ends_of[1],
                 isn_l, isn_r, bool(flags & _ISN_FLAGS), seq_start, (seq_end - seq_start) & MASK32, view, ends)
@@ -170,6 +176,7 @@ NS_RX_F_DR_MISSING, NS_RX_F_UNTRACKED, NS_RX_F_NOT_LOADED = 0x80, 0x200, 0x8000
 _RX_TIMES = struct.Struct("<QQQII")    # struct ns_rx_times: nic, netif, data_ready, rcv_nxt, flags
 _RX_TIMES_SIZE = _RX_TIMES.size
 _ITEM_SCHED, _ITEM_WINDOW = 7, 8       # enum sockcall_item_kind (probes/events.h); checked by the unit tests
+_SCHED_TIMES = struct.Struct("<QQQQQ")  # struct ns_sched's times (agent.netrows.NS_SCHED): wake-up .. tracked
 
 
 def rx_stages(nic: int, netif: int, dr: int, flags: int) -> dict:
@@ -442,10 +449,15 @@ class SockcallAssembler:
                 rx = times.get(off)
                 if rx is not None and len(rx) >= _RX_TIMES_SIZE:
                     nic, netif, dr, _rcv_nxt, flags = _RX_TIMES.unpack_from(rx)
+                    if nic > TIME_NS_MAX or netif > TIME_NS_MAX or dr > TIME_NS_MAX:
+                        raise ValueError(f"sockcall RX_TIMES item with times {nic}, {netif}, {dr} "
+                                         "no kernel gives")
                     st.update(rx_stages(nic, netif, dr, flags))
         c = _call(h, view, ends)
         if sched is not None:
             for body in sched:
+                if len(body) >= _SCHED_TIMES.size and max(_SCHED_TIMES.unpack_from(body)) > TIME_NS_MAX:
+                    raise ValueError("sockcall SCHED item with times no kernel gives")
                 c.sched = self._sched.snapshot(c.tid, c.exit_ts_ns, body)
         c.window = window
         # the walker was not following frames at the call's end: a sync hint may help
@@ -711,7 +723,7 @@ def _add_flow_stats(acc: dict[str, int], conn: Conn) -> None:
             continue
         s = flow.parser.stats()
         for k in ("messages", "unparsed_bytes", "lost_bytes", "fed_bytes", "gap_bytes",
-                  "handshake_bytes", "resyncs", "desyncs"):
+                  "handshake_bytes", "resyncs", "desyncs", "values_rejected"):
             key = "messages_parsed" if k == "messages" else k
             acc[key] = acc.get(key, 0) + getattr(s, k)
     acc["connections"] = acc.get("connections", 0) + 1
@@ -750,20 +762,30 @@ class FrameworkDecoder:
         self._unpack = _fw.unpack_event
         self._metas: dict[tuple, object] = {}
         self._nodes: dict[bytes, int | None] = {}   # routing id -> ps-lite node id
+        # routing ids named as ps-lite's ("ps<digits>") whose node id does not fit the
+        # sender column (int32): refused, counted (meta.json's framework_values_rejected)
+        self.values_rejected = 0
 
     @property
     def open_messages(self) -> int:
         return len(self._open)
 
     def feed(self, raw: bytes):
-        if len(raw) == _FW_LEGACY_BYTES or len(raw) < _FW_FIXED_SIZE:
+        if len(raw) == _FW_LEGACY_BYTES:
             (kind, tgid, tid, sock, ts, first_ret, ret_ts, _ret, more, _arg, sizes, heads) = \
                 self._unpack(raw)
+        elif len(raw) < _FW_FIXED_SIZE:
+            raise ValueError(f"framework record of {len(raw)} bytes is shorter than its header")
         else:   # probes.framework.unpack_event, inlined: once per zmq message
             v = _FW_FIXED_UNPACK(raw)
             ts, first_ret, ret_ts, sock, tgid, tid, kind, more, n = v[0], v[1], v[2], v[3], v[5], v[6], v[8], v[9], v[10]
+            if n > _fw.MAX_FRAMES:
+                raise ValueError(f"framework record claims {n} frames")
             sizes = v[11:11 + n]
             heads = tuple([raw[at:at + ln] for at, ln in zip(_FW_HEAD_AT, v[_FW_LENS:_FW_LENS + n])])
+        if ts > TIME_NS_MAX or first_ret > TIME_NS_MAX or ret_ts > TIME_NS_MAX or tgid > PID_MAX or tid > PID_MAX:
+            raise ValueError(f"framework record with times {ts}, {first_ret}, {ret_ts} or ids {tgid}, {tid} "
+                             "no kernel gives")
         if kind != self._send and kind != self._recv:
             from probes.framework import decode_event
             return self._asm.feed(decode_event(raw))
@@ -815,6 +837,8 @@ class FrameworkDecoder:
                 if len(self._nodes) >= META_CACHE_MAX:
                     self._nodes.clear()
                 node = self._nodes[peer] = node_id_of_identity(peer)
+                if node is None and is_node_identity(peer):
+                    self.values_rejected += 1
             if node is not None:
                 meta = _replace_sender(meta, node)
         return meta

@@ -33,6 +33,7 @@ import os
 import struct
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -46,6 +47,9 @@ RECORD_MAGIC = b"PSLATREC"
 RECORD_VERSION = 1
 _REC_HEAD = struct.Struct("<B3xI")
 READ_CHUNK_BYTES = 4 << 20
+# A recording's header is a few KB (probe names, config, BPF constants); a length
+# beyond this is damage, not a header to read into memory.
+RECORD_HEADER_MAX_BYTES = 16 << 20
 NOTE_PROBE = "agent"
 RESCAN_INTERVAL_S = 0.25     # new processes: listing /proc costs ~1 ms; a late pickup misses messages
 YOUNG_S = 10.0               # a process refused when first seen is checked again for this long,
@@ -116,7 +120,7 @@ def read_recording(path: Path) -> tuple[dict, Iterator[tuple[str, bytes]]]:
         raise UserError(f"cannot read the recording {path} ({e.strerror}); check the --replay path") from None
     try:
         head = f.read(len(RECORD_MAGIC) + 8)
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
         f.close()
         raise UserError(f"{path} cannot be read as a recording ({e})") from None
     if len(head) < len(RECORD_MAGIC) + 8 or not head.startswith(RECORD_MAGIC):
@@ -128,10 +132,14 @@ def read_recording(path: Path) -> tuple[dict, Iterator[tuple[str, bytes]]]:
         raise UserError(f"{path} is a recording of format {version}; this agent reads format "
                         f"{RECORD_VERSION}: replay it with the agent version that made it")
     try:
+        if n > RECORD_HEADER_MAX_BYTES:
+            raise ValueError(f"it claims {n} bytes")
         header = json.loads(f.read(n))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        _check_header(header)
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError) as e:  # JSONDecodeError: a ValueError
         f.close()
-        raise UserError(f"{path}: the recording's header is corrupt") from None
+        raise UserError(f"{path}: the recording's header is corrupt ({e}); "
+                        "replay a file made by `pslat agent --record`") from None
     probes = header["probes"]
 
     def events() -> Iterator[tuple[str, bytes]]:
@@ -141,7 +149,10 @@ def read_recording(path: Path) -> tuple[dict, Iterator[tuple[str, bytes]]]:
         data, pos = b"", 0
         with f:
             while True:
-                chunk = f.read(READ_CHUNK_BYTES)
+                try:
+                    chunk = f.read(READ_CHUNK_BYTES)
+                except (OSError, EOFError, zlib.error):
+                    return      # a compressed file cut short or damaged: as a file cut short
                 data = data[pos:] + chunk
                 pos, end = 0, len(data)
                 while pos + size <= end:
@@ -156,6 +167,31 @@ def read_recording(path: Path) -> tuple[dict, Iterator[tuple[str, bytes]]]:
                     return      # a last event cut short (agent killed) is dropped
 
     return header, events()
+
+
+def _check_header(h) -> None:
+    """ValueError unless the header has what a replay reads from it, of its type."""
+    if not isinstance(h, dict):
+        raise ValueError(f"a JSON {type(h).__name__}, not an object")
+    probes = h.get("probes")
+    if not isinstance(probes, list) or not probes or not all(isinstance(p, str) for p in probes):
+        raise ValueError("'probes' is not a list of probe names")
+    if len(probes) > 255:   # an event's probe index is one byte
+        raise ValueError(f"{len(probes)} probes")
+    names = h.get("netns_names", {})
+    if not isinstance(names, dict) or not all(
+            isinstance(k, str) and k.isdigit() and len(k) <= 20 and isinstance(v, str) and v
+            for k, v in names.items()):
+        raise ValueError("'netns_names' is not an object of namespace inode: host id")
+    if h.get("host_id") is not None and not (isinstance(h["host_id"], str) and h["host_id"]):
+        raise ValueError("'host_id' is not a host id")
+    for key in ("config", "selection", "clock", "kernel"):
+        if key in h and not isinstance(h[key], dict):
+            raise ValueError(f"{key!r} is not an object")
+    if not isinstance(h.get("config", {}).get("probes", []), list):
+        raise ValueError("'config.probes' is not a list")
+    if h.get("sockcall_format", "prefix") not in ("prefix", "items"):
+        raise ValueError(f"unknown 'sockcall_format' {h['sockcall_format']!r}")
 
 
 class ReplaySource:

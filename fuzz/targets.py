@@ -8,6 +8,8 @@ from types import ModuleType
 # Every protocol parser and every reader of outside data adds its target here.
 TARGETS: dict[str, str] = {
     "pslite_stream": "fuzz.pslite_stream",
+    "ring_records": "fuzz.ring_records",
+    "pipeline_replay": "fuzz.pipeline_replay",
     "rundir_reader": "fuzz.rundir_reader",
     "snapshot_reader": "fuzz.snapshot_reader",
 }

@@ -15,6 +15,15 @@ EVENTS_H = Path(__file__).with_name("events.h")
 COUNTER_SEEN = 0
 COUNTER_LOST = 1
 
+# What a record's values may be before they go on to a run dir's columns
+# (agent.records): a record with one the kernel cannot have written (a damaged or
+# doctored recording) is refused with a ValueError, counted as undecodable, instead of
+# making a writer raise later. Times are CLOCK_MONOTONIC ns, below 2**62 (146 years of
+# uptime) so that a difference or sum of two still fits int64; process and thread ids
+# fit the int32 pid/tid columns (the kernel's pid_max is at most 2**22).
+TIME_NS_MAX = 2**62
+PID_MAX = 2**31 - 1
+
 AF_INET = 2
 AF_INET6 = 10
 
@@ -386,7 +395,12 @@ class NetstackEvent(ctypes.Structure):
         size = ctypes.sizeof(sub)
         if len(data) != size:
             raise ValueError(f"netstack {sub.__name__} record is {len(data)} bytes, expected {size}")
-        return sub.from_buffer_copy(bytes(data))
+        ev = sub.from_buffer_copy(bytes(data))
+        for name, limit in _NS_LIMITS[kind]:
+            if getattr(ev, name) > limit:
+                raise ValueError(f"netstack {sub.__name__} record has {name} {getattr(ev, name)}, "
+                                 f"past {limit}")
+        return ev
 
     @classmethod
     def from_ring(cls, data_ptr: int, size_bytes: int) -> "NetstackEvent":
@@ -545,6 +559,10 @@ class NsClockEvent(NetstackEvent):
 
 _NS_KINDS = {c.kind_value: c for c in (NsTxEvent, NsTxDoneEvent, NsRetransEvent, NsConnEvent, NsCallEvent,
                                        NsClockEvent)}
+# per kind, the fields NetstackEvent.decode bounds (TIME_NS_MAX, PID_MAX)
+_NS_LIMITS = {k: tuple((name, TIME_NS_MAX if name.endswith("_ns") else PID_MAX)
+                       for name, _ in c._fields_ if name.endswith("_ns") or name in ("tgid", "tid"))
+              for k, c in _NS_KINDS.items()}
 
 
 # Out-parameters of the rings.bpf.h API, embedded by other probes' events.

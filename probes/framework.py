@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from agent.errors import UserError
-from parsers.pslite.meta import PBMeta, node_id_of_identity
+from parsers.pslite.meta import PBMeta, is_node_identity, node_id_of_identity
 from probes import libtrust
 from probes.zmq_layout import ZmqMsgLayout, calibrate
 
@@ -331,7 +331,7 @@ def _looks_like_routing_id(head: bytes, size: int) -> bool:
     """
     if size > ROUTING_ID_MAX_BYTES or not head:
         return False
-    return node_id_of_identity(head) is not None or (size == 5 and head[0] == 0)
+    return is_node_identity(head) or (size == 5 and head[0] == 0)
 
 
 class MessageAssembler:

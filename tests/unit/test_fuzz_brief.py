@@ -18,7 +18,7 @@ def test_brief_fuzz(name):
     assert t.KIND in ("parser", "reader")
     assert t.seeds(), f"{name} has no seeds"
     r = brief.run(t, seed=20261201, max_inputs=BRIEF_INPUTS, max_seconds=BRIEF_SECONDS)
-    assert r.inputs >= min(BRIEF_INPUTS, 50)
+    assert r.inputs >= min(BRIEF_INPUTS, getattr(t, "BRIEF_INPUTS_MIN", 50))
 
 
 @pytest.mark.parametrize("name,path", [(n, p) for n in sorted(TARGETS) for p in crashers(n)]
