@@ -60,12 +60,13 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from agent.bounded import CONNS_MAX, put_newest, touch
 from agent.decode import WireMessage
 from agent.netrows import (HOLD_NS, NS_TXC_FORWARDED, R_NOT_LOADED, R_NOT_TIMED,  # noqa: F401 (re-exported)
                            Connections, TxTimes, sock_wait_split, window_split)
@@ -78,6 +79,11 @@ MAX_ELIMINATION = 6          # groups up to this size are searched for their onl
 SETTLE_NS = 50_000_000       # a group of same-id messages is complete this long after its last member
 # HOLD_NS (agent.netrows): a row waits at most this long for its framework record and its ids
 STEP_NS = 10_000_000         # matching runs every STEP_NS of event time
+# What the correlator learns per connection, zmq socket, process or server endpoint
+# is kept at most this many entries per table, the least recently used evicted and
+# counted (ids_evicted, bound_evicted, key_hulls_evicted, fw_tgids_evicted): traffic
+# of every connection ever seen (a reconnecting job, a scan) must not grow the agent.
+LEARNT_MAX = 4 * CONNS_MAX
 
 # null reasons (what a reader of null_reasons sees)
 R_NO_FW_PROBE = "no framework probe on this process"
@@ -127,17 +133,20 @@ class Identities:
     whenever something new is learnt."""
 
     def __init__(self):
-        self.sender_of: dict[tuple, int] = {}     # (pair_key, sending endpoint) -> node id
-        self.node_of_tgid: dict[int, int] = {}
-        self.node_of_addr: dict[tuple, int] = {}  # ROUTER (ip, port) -> node id (ADD_NODE)
-        self.tgid_of_endpoint: dict[tuple, int] = {}
+        self.sender_of: OrderedDict[tuple, int] = OrderedDict()     # (pair_key, sending endpoint) -> node id
+        self.node_of_tgid: OrderedDict[int, int] = OrderedDict()
+        self.node_of_addr: OrderedDict[tuple, int] = OrderedDict()  # ROUTER (ip, port) -> node id (ADD_NODE)
+        self.tgid_of_endpoint: OrderedDict[tuple, int] = OrderedDict()
         self.version = 0
+        self.evicted = 0   # entries dropped beyond LEARNT_MAX (least recently learnt or used first)
 
     def _set(self, table: dict, key, value, overwrite: bool = False) -> None:
         old = table.get(key)
         if old is None or (overwrite and old != value):
-            table[key] = value
+            self.evicted += put_newest(table, key, value, LEARNT_MAX)
             self.version += 1
+        else:
+            touch(table, key)   # learnt again: in use
 
     def learn_message(self, wm: WireMessage, tgid: int) -> None:
         conn = wm.conn
@@ -160,7 +169,10 @@ class Identities:
         if wm.msg.sender_node_id is not None:
             return wm.msg.sender_node_id
         conn = wm.conn
-        got = self.sender_of.get((conn.pair_key, conn.local if wm.tx else conn.remote))
+        key = (conn.pair_key, conn.local if wm.tx else conn.remote)
+        got = self.sender_of.get(key)
+        if got is not None:
+            touch(self.sender_of, key)   # a live connection's id is kept while it speaks
         if wm.tx:
             if got is None:
                 # our own DEALER whose READY we missed: the process's id from its other DEALERs
@@ -202,11 +214,12 @@ class Correlator:
         self._ready: list[Pending] = []
         self._waiting: list[Pending] = []              # rows waiting for their ids
         self._ids_seen = -1
-        self._bound: dict[tuple, str] = {}        # (layer, tgid, zmq socket, routing peer) -> conn_id
+        # (layer, tgid, zmq socket, routing peer) -> conn_id
+        self._bound: OrderedDict[tuple, str] = OrderedDict()
         # (tgid, netns, server endpoint) -> [lowest, highest] key the process sent it
-        self._key_hull: dict[tuple, list[int]] = {}
+        self._key_hull: OrderedDict[tuple, list[int]] = OrderedDict()
         self._hull_endpoints: dict[int, set] = defaultdict(set)   # tgid -> (netns, endpoint) with a hull
-        self.fw_tgids: set[int] = set()            # processes whose framework records we saw
+        self.fw_tgids: OrderedDict[int, None] = OrderedDict()   # processes whose framework records we saw
         self.counters = defaultdict(int)
         self.tx_times = TxTimes()
         self.watermarked = False   # advance() was called: event timestamps no longer move time
@@ -237,7 +250,8 @@ class Correlator:
         self._touch(p.key, p.added_ns)
 
     def on_framework(self, fm) -> None:
-        self.fw_tgids.add(fm.tgid)
+        if fm.tgid not in self.fw_tgids:
+            self.counters["fw_tgids_evicted"] += put_newest(self.fw_tgids, fm.tgid, None, LEARNT_MAX)
         self._tick(fm.ret_ts_ns)
         meta = fm.meta
         if meta is None or getattr(meta, "truncated", False) and meta.timestamp is None:
@@ -342,6 +356,13 @@ class Correlator:
         end = (wm.conn.netns_ino, wm.conn.remote)
         hull = self._key_hull.get((tgid, end))
         if hull is None:
+            if len(self._key_hull) >= LEARNT_MAX:
+                (old_tgid, old_end), _ = self._key_hull.popitem(last=False)
+                ends = self._hull_endpoints[old_tgid]
+                ends.discard(old_end)
+                if not ends:
+                    del self._hull_endpoints[old_tgid]
+                self.counters["key_hulls_evicted"] += 1
             self._key_hull[(tgid, end)] = [lo, hi]
             self._hull_endpoints[tgid].add(end)
         else:
@@ -438,7 +459,8 @@ class Correlator:
     def _pair(self, f: PendingFw, p: Pending) -> None:
         fm = f.fm
         p.fw[fm.layer] = fm
-        self._bound[(fm.layer, fm.tgid, fm.sock, fm.peer)] = p.wm.conn.conn_id
+        self.counters["bound_evicted"] += put_newest(self._bound, (fm.layer, fm.tgid, fm.sock, fm.peer),
+                                                     p.wm.conn.conn_id, LEARNT_MAX)
         if p.wm.tx and p.wm.msg.request and f.head_keys and p.wm.msg.kind is not Kind.CONTROL:
             self._learn_keys(p.tgid, p.wm, min(f.head_keys), max(f.head_keys))
         if fm.layer == "zmq" and fm.peer is not None and f.peer_id is not None and not p.wm.tx:

@@ -25,14 +25,17 @@ from agent.clocksamples import NS_EV_CLOCK, clock_sample_row
 from agent.clockskew import ClockSkew
 from agent.correlate import Connections, Correlator
 from agent.detach import Detacher
-from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, sockcall_format
+from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, _addr, sockcall_format
 from agent.errors import UserError
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
+from agent.netrows import TCP_CLOSE
 from agent.priority import Priority
 from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
 from agent.rundir import RunDirWriter
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
+from probes.events import NsEventKind
 
+NS_EV_CONN = int(NsEventKind.CONN)   # a socket's TCP state changed (probes/events.h)
 COUNTERS_INTERVAL_S = 1.0
 # The consumer wakes every BATCH_INTERVAL_S and takes what the rings hold, rather
 # than waking for each event: on cores shared with the job, per-event wake-ups
@@ -111,6 +114,10 @@ class Pipeline:
                     self._emit_clock_sample(ev)
                 else:
                     self.correlator.on_netstack(ev)
+                    if ev.kind == NS_EV_CONN and ev.newstate == TCP_CLOSE:
+                        # the decoder drops the connection's state once its last calls came
+                        self.decoder.closed(ev.netns_ino, ev.sk, (_addr(ev.family, bytes(ev.daddr)), ev.dport),
+                                            ev.ts_ns)
             elif probe == NOTE_PROBE:
                 self._note(raw)
         except Exception:  # one bad event must not stop the agent: count it, say it once
@@ -124,6 +131,8 @@ class Pipeline:
         import json
         note = json.loads(raw)
         if "watermark_ns" in note:
+            for wm in self.decoder.advance(int(note["watermark_ns"])):   # closed and idle connections' last
+                self.correlator.on_message(wm)
             self.correlator.advance(int(note["watermark_ns"]))
             if self.live is not None:
                 self.live.advance(int(note["watermark_ns"]))
@@ -183,6 +192,13 @@ class Pipeline:
         out["sync_hints"] = self.decoder.hints
         out["framework_values_rejected"] = self.framework.values_rejected   # routing ids past int32
         out["consumer_cpu_s"] = round(self.cpu_s, 3)
+        # what the bounded maps dropped (agent.bounded): per connection, process, socket
+        out["correlate_ids_evicted"] = self.correlator.ids.evicted
+        out["tx_ends_evicted"] = self.correlator.tx_times.evicted
+        if self.correlator.connections is not None:
+            out.update({f"connection_{k}": v for k, v in self.correlator.connections.counters.items()})
+        if self.live is not None:
+            out.update({f"live_{k}": v for k, v in self.live.bounded.items()})
         return out
 
     def set_probe_counters(self, counters: dict[str, dict[str, int]]) -> None:

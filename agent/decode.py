@@ -27,9 +27,10 @@ from __future__ import annotations
 import bisect
 import socket
 import struct
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from agent.bounded import CONN_IDLE_NS, CONNS_MAX
 from agent.safetext import safe_text
 from parsers.pslite import PsliteStreamParser
 from parsers.pslite.message import PsMessage
@@ -46,6 +47,12 @@ CALLS_KEPT_BYTES = 4 << 20
 # A sync hint per direction at most this often: the walker may need a few calls to
 # take one (the stream moved on meanwhile); more would only fill its map.
 HINT_INTERVAL_NS = 20_000_000
+# Connection state is bounded (StreamDecoder; caps and idle expiry in agent.bounded).
+# After a socket's close its last calls may still come on the other ring for this
+# long (as agent/delivered.py's 100 ms: a ring's read is cut at most that far behind
+# its latest event).
+CLOSE_SETTLE_NS = 100_000_000
+UPKEEP_NS = 100_000_000      # closes and idle connections looked at this often (call time)
 
 _SEND_CALLS = frozenset(c.value for c in SockCall if c.is_send)
 _ISN_FLAGS = SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED
@@ -495,6 +502,8 @@ class Conn:
     tx: Flow | None = None
     rx: Flow | None = None
     tgids: set = field(default_factory=set)
+    first_ns: int = 0        # entry time of its first call seen (a close before it is another's)
+    last_ns: int = 0         # exit time of its latest call (the idle expiry's clock)
 
 
 @dataclass(slots=True)
@@ -525,20 +534,42 @@ def conn_id_of(local, remote, isn_local: int, isn_remote: int, known: bool) -> t
 
 
 class StreamDecoder:
-    """Calls in, WireMessages out. One per agent: connections of every host."""
+    """Calls in, WireMessages out. One per agent: connections of every host.
 
-    def __init__(self, key_sample_max: int = 16, on_sync_hint=None):
+    Its state is per connection (a Conn, two parsers, the calls kept for timing), so
+    it is bounded (DESIGN.md "What the agent trusts"): a connection is dropped when
+    its close is seen (closed(): the netstack probe's TCP_CLOSE, CLOSE_SETTLE_NS
+    later), when idle for CONN_IDLE_NS, and beyond CONNS_MAX the least recently
+    active one is evicted. Each is counted per network namespace
+    (decoder_conns_closed, _idle_expired, _evicted, and _reused for a socket and
+    port reused with new ISNs before its close was seen; in stats_by_netns, hence
+    meta.json). Dropping ends its parsers (a tentative chain is accepted) and their
+    messages go out with the next feed() or advance(). A connection dropped while
+    alive that speaks again is a new Conn joining mid-stream: its ISNs come with
+    every call, so its id is the same."""
+
+    def __init__(self, key_sample_max: int = 16, on_sync_hint=None, conns_max: int = CONNS_MAX,
+                 idle_ns: int = CONN_IDLE_NS):
         """on_sync_hint(sk, tx, seq, frame_index): the parser knows where a frame header
         of a direction the kernel's walker is not following will be (live: tell the
         walker, probes.sockcalls.set_sync_hint)."""
         self.key_sample_max = key_sample_max
         self.on_sync_hint = on_sync_hint
+        self.conns_max = conns_max
+        self.idle_ns = idle_ns
         self.hints = 0
-        self.conns: dict[tuple, Conn] = {}
+        # (netns, sk, local, remote) -> Conn, least recently active first (agent.bounded)
+        self.conns: OrderedDict[tuple, Conn] = OrderedDict()
         self.calls = 0
         self.gap_bytes = 0
         self.overlap_bytes = 0
         self._closed_stats: dict[int, dict[str, int]] = {}
+        self._closing: deque = deque()   # (close ts, key, Conn) waiting for their last calls
+        # (netns, sk) -> keys of its Conns, oldest first: the kernel reuses a closed socket's
+        # memory at once, so a later connection's calls may come before the close
+        self._keys_of_sk: dict[tuple, list] = {}
+        self._dropped: list[WireMessage] = []   # messages of dropped connections, out with the next return
+        self._next_upkeep_ns = 0
 
     # -- connections ----------------------------------------------------------
     def _conn(self, c: Call) -> Conn:
@@ -551,21 +582,74 @@ class StreamDecoder:
                 conn.isn_local, conn.isn_remote, conn.isn_known = c.isn_local, c.isn_remote, True
                 conn.conn_id, conn.pair_key = conn_id_of(c.local, c.remote, c.isn_local, c.isn_remote, True)
             return conn
+        if conn is not None:
+            # a reused socket and port with new ISNs: the old connection closed unseen
+            self._drop(key, conn, "decoder_conns_reused")
+        elif len(self.conns) >= self.conns_max:
+            old_key = next(iter(self.conns))
+            self._drop(old_key, self.conns[old_key], "decoder_conns_evicted")
         # new connection (or a reused socket/port with new ISNs: a new connection)
         cid, pair = conn_id_of(c.local, c.remote, c.isn_local, c.isn_remote, c.isn_known)
-        conn = Conn(c.netns_ino, c.sk, c.local, c.remote, c.isn_local, c.isn_remote, c.isn_known, cid, pair)
+        conn = Conn(c.netns_ino, c.sk, c.local, c.remote, c.isn_local, c.isn_remote, c.isn_known, cid, pair,
+                    first_ns=c.enter_ts_ns)
         self.conns[key] = conn
+        self._keys_of_sk.setdefault((c.netns_ino, c.sk), []).append(key)
         return conn
 
-    def forget(self, conn: Conn) -> list[WireMessage]:
-        """The connection closed: end its parsers (a tentative chain is accepted)."""
-        out: list[WireMessage] = []
+    def closed(self, netns_ino: int, sk: int, remote: tuple, ts_ns: int) -> None:
+        """The socket reached TCP_CLOSE at ts_ns (the netstack probe). Its connection is
+        dropped once every call before ts_ns was delivered: the rings are read one after
+        the other, so its last calls may come after this (advance(), or a call
+        CLOSE_SETTLE_NS later). Found by socket, not 4-tuple: the kernel has released
+        the local port by then (the event says port 0). A connection whose first call
+        came after the close is a later one on a reused socket."""
+        for key in reversed(self._keys_of_sk.get((netns_ino, sk), ())):
+            conn = self.conns[key]
+            if conn.first_ns <= ts_ns and (remote[1] == 0 or remote == conn.remote):
+                self._closing.append((ts_ns, key, conn))
+                return
+
+    def advance(self, watermark_ns: int) -> list[WireMessage]:
+        """Every event up to watermark_ns has been delivered (agent.correlate): closes
+        and idle connections are dropped; returns the messages their parsers ended."""
+        self._upkeep(watermark_ns, watermark_ns)
+        return self._take_dropped()
+
+    def _take_dropped(self) -> list[WireMessage]:
+        out, self._dropped = self._dropped, []
+        return out
+
+    def _upkeep(self, delivered_ns: int, now_ns: int) -> None:
+        """Drops the connections closed before delivered_ns and those idle at now_ns."""
+        self._next_upkeep_ns = now_ns + UPKEEP_NS
+        closing = self._closing
+        while closing and closing[0][0] <= delivered_ns:
+            _, key, conn = closing.popleft()
+            if self.conns.get(key) is conn:
+                self._drop(key, conn, "decoder_conns_closed")
+        conns = self.conns
+        idle_before = now_ns - self.idle_ns
+        while conns:
+            key = next(iter(conns))
+            conn = conns[key]
+            if conn.last_ns >= idle_before:
+                break
+            self._drop(key, conn, "decoder_conns_idle_expired")
+
+    def _drop(self, key: tuple, conn: Conn, counter: str) -> None:
+        del self.conns[key]
+        keys = self._keys_of_sk[(conn.netns_ino, conn.sk)]
+        keys.remove(key)
+        if not keys:
+            del self._keys_of_sk[(conn.netns_ino, conn.sk)]
         for flow in (conn.tx, conn.rx):
             if flow is not None:
-                out += self._messages(conn, flow, flow.parser.close())
-        self.conns.pop((conn.netns_ino, conn.sk, conn.local, conn.remote), None)
-        _add_flow_stats(self._closed_stats.setdefault(conn.netns_ino, {}), conn)
-        return out
+                got = flow.parser.close()
+                if got:
+                    self._dropped += self._messages(conn, flow, got)
+        acc = self._closed_stats.setdefault(conn.netns_ino, {})
+        _add_flow_stats(acc, conn)
+        acc[counter] = acc.get(counter, 0) + 1
 
     def _flow(self, conn: Conn, c: Call, offset_isn: int) -> tuple[Flow, int]:
         flow = conn.tx if c.tx else conn.rx
@@ -593,10 +677,18 @@ class StreamDecoder:
     # -- calls ----------------------------------------------------------------
     def feed(self, c: Call) -> list[WireMessage]:
         self.calls += 1
-        conn = self.conns.get((c.netns_ino, c.sk, c.local, c.remote))
+        now = c.exit_ts_ns
+        if now >= self._next_upkeep_ns:
+            # a call this much later than a close: the closed socket's calls were delivered
+            self._upkeep(now - CLOSE_SETTLE_NS, now)
+        key = (c.netns_ino, c.sk, c.local, c.remote)
+        conn = self.conns.get(key)
         if conn is None or not conn.isn_known or not c.isn_known or (
                 conn.isn_local != c.isn_local or conn.isn_remote != c.isn_remote):
             conn = self._conn(c)   # new, or its ISNs are news: the general case
+        self.conns.move_to_end(key)   # in order of last activity: the idle and the evicted first
+        if now > conn.last_ns:
+            conn.last_ns = now
         conn.tgids.add(c.tgid)
         tx = c.tx
         flow = conn.tx if tx else conn.rx
@@ -644,6 +736,8 @@ class StreamDecoder:
             c.view = None   # fed: a kept call needs its times, not its bytes (memory)
             if c.kernel_unsynced and self.on_sync_hint is not None:
                 self._hint(conn, flow, c)
+        if self._dropped:
+            return self._take_dropped() + (self._messages(conn, flow, out) if out else [])
         return self._messages(conn, flow, out) if out else []
 
     def _hint(self, conn: Conn, flow: Flow, c: Call) -> None:

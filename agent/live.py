@@ -30,8 +30,10 @@ import bisect
 import os
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from typing import Any, Iterable
+
+from agent.bounded import CONN_IDLE_NS, CONNS_MAX, put_newest
 
 WINDOW_S = 10
 PER_DECADE = 8
@@ -40,6 +42,13 @@ EDGES_NS = [round(1000 * 10 ** (i / PER_DECADE)) for i in range(7 * PER_DECADE +
 N_BUCKETS = len(EDGES_NS) + 1
 PENDING_MAX = 200_000        # unpaired request ends kept at most (a bound, not a tuning knob)
 PENDING_TTL_NS = 10 * 10**9  # a request unanswered this long is dropped from pairing
+# Connections counted as open (bounded: DESIGN.md "What the agent trusts"): at most
+# agent.bounded.CONNS_MAX per host (the least recently active evicted), dropped when their close row
+# comes or idle for CONN_IDLE_NS (agent.decode's expiry: the decoder forgot them too).
+# A closed id is kept CLOSED_KEEP_NS so its message rows, which may come after the
+# close row (held up to agent.netrows.HOLD_NS), do not count it open again.
+CLOSED_KEEP_NS = 60 * 10**9
+CLOSED_MAX = 65_536
 TOP_KEYS = 10
 
 CLIENT_POINTS = [("q", "ts_framework_ns"), ("q", "ts_send_first_enter_ns"), ("q", "ts_xmit_last_ns"),
@@ -201,8 +210,9 @@ class LiveAggregates:
         self.messages: Counter = Counter()          # (host, direction, op) -> rows
         self.unpaired_expired = 0
         self.ip_hosts: dict[str, str] = {}
-        self.conns: dict[str, dict[str, int]] = {}  # host -> conn_id -> first seen ns
-        self.closed_ids: set[str] = set()
+        self.conns: dict[str, OrderedDict[str, int]] = {}  # host -> conn_id -> last seen ns (oldest first)
+        self.closed_ids: OrderedDict[str, int] = OrderedDict()   # conn_id -> its close row's ts_close_ns
+        self.bounded = Counter()                    # conns_evicted, conns_idle_expired, closed_ids_evicted
         self.opened_total: Counter = Counter()
         self.closed_total: Counter = Counter()
         self.connects: Counter = Counter()
@@ -238,12 +248,28 @@ class LiveAggregates:
         with self.lock:
             if self.now_s is None or watermark_ns // 10**9 > self.now_s:
                 self._advance_to(watermark_ns // 10**9)
+            self._expire_conns(watermark_ns)
             while self.pending_order and self.pending_order[0][0] < watermark_ns - PENDING_TTL_NS:
                 _, key = self.pending_order.popleft()
                 if self.pending.get(key, (None, None))[1] is not None and \
                         self.pending[key][1] < watermark_ns - PENDING_TTL_NS:
                     del self.pending[key]
                     self.unpaired_expired += 1
+
+    def _expire_conns(self, now_ns: int) -> None:
+        closed = self.closed_ids
+        while closed:
+            cid = next(iter(closed))
+            if closed[cid] >= now_ns - CLOSED_KEEP_NS:
+                break
+            del closed[cid]
+        for conns in self.conns.values():
+            while conns:
+                cid = next(iter(conns))
+                if conns[cid] >= now_ns - CONN_IDLE_NS:
+                    break
+                del conns[cid]
+                self.bounded["conns_idle_expired"] += 1
 
     def on_message(self, row: dict) -> None:
         with self.lock:
@@ -259,11 +285,18 @@ class LiveAggregates:
             return
         slot = self._slot(ts)
         cid = row.get("conn_id")
-        if cid and cid not in self.conns.setdefault(host, {}) and cid not in self.closed_ids:
-            self.conns[host][cid] = ts
-            self.opened_total[host] += 1
-            if slot is not None:
-                slot.opened[host] += 1
+        if cid and cid not in self.closed_ids:
+            conns = self.conns.get(host)
+            if conns is None:
+                conns = self.conns[host] = OrderedDict()
+            seen = conns.get(cid)
+            if seen is None:
+                self.opened_total[host] += 1
+                if slot is not None:
+                    slot.opened[host] += 1
+            # the most recently active now (rows of one connection come out of order: the latest time)
+            self.bounded["conns_evicted"] += put_newest(conns, cid, ts if seen is None else max(seen, ts),
+                                                        CONNS_MAX)
         if row.get("control") or op not in DATA_OPS:
             return
         if slot is not None and row.get("key_sample") and row.get("request"):
@@ -307,7 +340,8 @@ class LiveAggregates:
                 return   # still open at the agent's end
             self.closed_total[host] += 1
             if cid:
-                self.closed_ids.add(cid)
+                self.bounded["closed_ids_evicted"] += put_newest(self.closed_ids, cid, int(row["ts_close_ns"]),
+                                                                 CLOSED_MAX)
                 self.conns.get(host, {}).pop(cid, None)
             slot = self._slot(int(row["ts_close_ns"]))
             if slot is not None:

@@ -13,10 +13,22 @@ report takes it as the rest of kernel_tx, so an unmeasured wait stays there.
 from __future__ import annotations
 
 import struct
+from collections import OrderedDict, deque
 from typing import Callable
+
+from agent.bounded import CONNS_MAX, put_newest
 
 MASK32 = 0xFFFFFFFF
 HOLD_NS = 2_000_000_000      # as agent.correlate: a row waits at most this long for its times
+# Bounds (DESIGN.md "What the agent trusts"; each eviction counted in meta.json):
+# send-side times of message ends waiting for their rows (pruned after 4 * HOLD_NS,
+# so this only bites a flood: ~0.4 KB each). Connection rows in progress (one per
+# open socket) are at most agent.bounded.CONNS_MAX: the oldest is written out as still
+# open, without its close.
+TX_ENDS_MAX = 65_536
+# A connection's ESTABLISHED time is kept this long after its close: its last rows,
+# held up to HOLD_NS, may still ask for it (connect_wait_ns)
+ESTABLISHED_KEEP_NS = 2 * HOLD_NS
 
 R_NOT_TIMED = "the kernel probes gave no time for this message end"
 R_NOT_LOADED = "netstack probe not loaded"
@@ -56,14 +68,22 @@ class TxTimes:
     why there is none). Complete when both came, or the first says no times."""
 
     def __init__(self):
-        self._by_end: dict[tuple, dict] = {}
+        self._by_end: OrderedDict[tuple, dict] = OrderedDict()   # oldest first
         self.retransmitted_ends = 0
+        self.evicted = 0   # ends dropped beyond TX_ENDS_MAX before their row took them
+
+    def _entry(self, sk: int, end_seq: int, now_ns: int) -> dict:
+        st = self._by_end.get((sk, end_seq))
+        if st is None:
+            st = {"_added": now_ns}
+            self.evicted += put_newest(self._by_end, (sk, end_seq), st, TX_ENDS_MAX)
+        return st
 
     def on_tx(self, sk: int, end_seq: int, flags: int, ts_queue_ns: int, ts_xmit_ns: int, now_ns: int) -> None:
         if flags & NS_TX_F_RETRANS:
             self.retransmitted_ends += 1   # the first transmission's times stand
             return
-        st = self._by_end.setdefault((sk, end_seq), {"_added": now_ns})
+        st = self._entry(sk, end_seq, now_ns)
         got = tx_stages_of(flags, ts_queue_ns, ts_xmit_ns)
         # a further device's event (stacked devices) gives the latest handoff; the
         # first queueing (leaving TCP) stands
@@ -72,7 +92,7 @@ class TxTimes:
             st["_done"] = True
 
     def on_tx_done(self, sk: int, end_seq: int, reason: int, ts_done_ns: int, now_ns: int) -> None:
-        st = self._by_end.setdefault((sk, end_seq), {"_added": now_ns})
+        st = self._entry(sk, end_seq, now_ns)
         if reason == NS_TXC_COMPLETED and ts_done_ns:
             st["ts_txdone_last_ns"] = ts_done_ns
         else:
@@ -249,12 +269,18 @@ class Connections:
     def __init__(self, emit: Callable[[int, dict], None], host_of: Callable[[int], str]):
         self.emit = emit
         self.host_of = host_of
-        self._open: dict[tuple, dict] = {}    # (netns, sk) -> row in progress
-        self._est_of: dict[tuple, int] = {}   # (local, remote) -> ESTABLISHED ts (for connect_wait)
+        self._open: OrderedDict[tuple, dict] = OrderedDict()   # (netns, sk) -> row in progress, oldest first
+        self._est_of: OrderedDict[tuple, int] = OrderedDict()  # (local, remote) -> ESTABLISHED ts
+        self._est_closed: deque = deque()     # (close ts, (local, remote), its ESTABLISHED ts)
+        # rows written out open, ESTABLISHED times dropped, beyond CONNS_MAX
+        self.counters = {"rows_evicted": 0, "established_evicted": 0}
 
     def _row(self, netns: int, sk: int) -> dict:
         r = self._open.get((netns, sk))
         if r is None:
+            if len(self._open) >= CONNS_MAX:
+                self.counters["rows_evicted"] += 1
+                self._flush(*next(iter(self._open)))   # the oldest, as at the end: without its close
             r = self._open[(netns, sk)] = {"netns_ino": netns, "role": "unknown", "retransmits": 0,
                                            "retransmit_failures": 0, "_states": []}
         return r
@@ -262,7 +288,10 @@ class Connections:
     @staticmethod
     def _tuple(r: dict, family: int, saddr: bytes, daddr: bytes, sport: int, dport: int) -> None:
         from agent.decode import _addr
-        if sport or dport:
+        # a local port of 0 never replaces a known one: at TCP_CLOSE the kernel has
+        # released it (the event says 0; closed rows had local port 0 and a conn_id no
+        # message row has)
+        if (sport or dport) and (sport or "local_ip" not in r):
             r.update(local_ip=_addr(family, bytes(saddr)), local_port=sport,
                      remote_ip=_addr(family, bytes(daddr)), remote_port=dport)
 
@@ -293,10 +322,18 @@ class Connections:
         elif ev.newstate == TCP_ESTABLISHED:
             r["ts_established_ns"] = ev.ts_ns
             if "local_ip" in r:
-                self._est_of[((r["local_ip"], r["local_port"]), (r["remote_ip"], r["remote_port"]))] = ev.ts_ns
+                self.counters["established_evicted"] += put_newest(self._est_of, _ends_of(r), ev.ts_ns,
+                                                                   CONNS_MAX)
         elif ev.newstate == TCP_CLOSE:
             r["ts_close_ns"] = ev.ts_ns
+            if "ts_established_ns" in r and "local_ip" in r:
+                self._est_closed.append((ev.ts_ns, _ends_of(r), r["ts_established_ns"]))
             self._flush(ev.netns_ino, ev.sk)
+        closed = self._est_closed
+        while closed and closed[0][0] < ev.ts_ns - ESTABLISHED_KEEP_NS:
+            _, ends, est = closed.popleft()
+            if self._est_of.get(ends) == est:   # not a later connection on the same ports
+                del self._est_of[ends]
 
     def on_retransmit(self, ev) -> None:
         r = self._row(ev.netns_ino, ev.sk)
@@ -306,6 +343,8 @@ class Connections:
             r["retransmit_failures"] += 1
 
     def established_ns(self, local, remote) -> int | None:
+        """When the connection local -> remote was established (kept ESTABLISHED_KEEP_NS
+        after its close), or None."""
         return self._est_of.get((local, remote))
 
     def _flush(self, netns: int, sk: int) -> None:
@@ -329,3 +368,8 @@ class Connections:
     def close(self) -> None:
         for netns, sk in list(self._open):
             self._flush(netns, sk)
+
+
+def _ends_of(r: dict) -> tuple:
+    """(local, remote) endpoints of a connection row."""
+    return (r["local_ip"], r["local_port"]), (r["remote_ip"], r["remote_port"])
