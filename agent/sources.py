@@ -581,7 +581,15 @@ class LiveSource:
         self._next_scan = now + RESCAN_INTERVAL_S
         from probes.framework import targets_of_pid
 
-        for tgid in self.selector.running():
+        running = self.selector.running()
+        # processes that exited are forgotten: these maps stay as large as the processes
+        # running (process churn would grow them), and a reused pid is looked at anew
+        alive = set(running)
+        self._known_tgids &= alive
+        for seen in (self._lib_wait, self._vsize_seen):
+            for tgid in [t for t in seen if t not in alive]:
+                del seen[tgid]
+        for tgid in running:
             if tgid in self._known_tgids:
                 continue
             vsize = _vsize(tgid)

@@ -238,3 +238,19 @@ def test_put_newest_and_touch():
     assert put_newest(d, "c", 9, 3) == 0 and list(d) == ["d", "b", "c"]
     with pytest.raises(KeyError):
         d["a"]
+
+
+def test_the_rescan_forgets_processes_that_exited(monkeypatch):
+    """Per-process maps of the live source: a job that forks short-lived processes (health
+    checks, launchers) must not grow them, and a reused pid is looked at anew."""
+    import agent.sources as sources
+    src = sources.LiveSource(sources.Selection(), sink=lambda p, r: None)
+    running = list(range(1000, 3000))
+    monkeypatch.setattr(src.selector, "running", lambda: running)
+    monkeypatch.setattr(sources, "_may_map_framework", lambda tgid: False)
+    monkeypatch.setattr(sources, "_vsize", lambda tgid: 4096)
+    src.rescan(force=True)
+    assert len(src._lib_wait) == 2000   # waiting for their framework library (LIB_WAIT_S)
+    running = [5000]
+    src.rescan(force=True)
+    assert set(src._lib_wait) == {5000} and set(src._vsize_seen) <= {5000} and src._known_tgids <= {5000}
