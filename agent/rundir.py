@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agent.errors import UserError
+from agent.runmeta import MetaError, read_meta_checked
+from agent.safefile import open_regular
 
 META_FILE = "meta.json"
 SHARD_SUFFIX = ".parquet"
@@ -196,29 +198,32 @@ class RunDir:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    f = Path(path) / META_FILE
-    if not f.exists():
-        raise UserError(f"{path} is not a run dir: {f} is missing")
+    """RUN_DIR/meta.json, read and type-checked by agent.runmeta (a field of the wrong type is
+    left out; read_run_dir says which); UserError when it cannot be used at all."""
+    return _read_meta(path)[0]
+
+
+def _read_meta(path: Path) -> tuple[dict[str, Any], list[str]]:
     try:
-        meta = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{f} is corrupt ({e}); the run dir cannot be used") from None
-    if not isinstance(meta, dict) or "host_id" not in meta:
-        raise UserError(f"{f} has no host_id; the run dir cannot be used")
-    return meta
+        return read_meta_checked(Path(path) / META_FILE)
+    except MetaError as e:
+        raise UserError(f"{e}; the run dir cannot be used") from None
 
 
 def read_run_dir(path: Path) -> RunDir:
-    """Reads meta.json and every closed shard; a corrupt shard is named in .problems and skipped."""
+    """Reads meta.json and every closed shard; a corrupt shard, or one that is no regular
+    file (a FIFO would block the read for good), is named in .problems and skipped."""
     import pandas as pd
 
     path = Path(path)
-    rd = RunDir(path=path, meta=read_meta(path))
+    meta, problems = _read_meta(path)
+    rd = RunDir(path=path, meta=meta, problems=problems)
     parts: dict[str, list[Any]] = {}
     for shard in sorted(path.glob(f"*{SHARD_SUFFIX}")):
         table = shard.name.rsplit("-", 1)[0]
         try:
-            parts.setdefault(table, []).append(pq.read_table(shard).to_pandas())
+            with open_regular(shard) as f:
+                parts.setdefault(table, []).append(pq.read_table(f).to_pandas())
         except Exception as e:  # pyarrow raises several types for a damaged file
             rd.problems.append(f"{shard}: unreadable shard skipped ({type(e).__name__}: {e})")
     for table, frames in parts.items():

@@ -259,3 +259,21 @@ def test_markup_in_an_op_and_a_problem_path(run, capsys, monkeypatch):
     assert "\x1b" not in out and "\x07" not in out
     assert _flat("messages-[bold]\ufffd]0;title\ufffd.parquet: unreadable shard skipped") in _flat(out)
     assert "pull[/red]\ufffd[5m" in out
+
+
+def test_agent_run_dir_reader_skips_a_fifo_shard_and_names_bad_fields(run):
+    """agent.rundir.read_run_dir (tests and benches read run dirs with it) reads as the report does."""
+    os.mkfifo(run / "ps1" / "messages-000099.parquet")
+    _edit_meta(run, lambda m: m.__setitem__("counters", "x"))
+    code = ("import sys; from agent.rundir import read_run_dir; rd = read_run_dir(sys.argv[1]); "
+            "print(len(rd.tables['messages'])); print(*rd.problems, sep='\\n')")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(run / "ps1")], capture_output=True, text=True,
+                           cwd=ROOT, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"read_run_dir still ran after {CHILD_TIMEOUT_S} s")
+    assert r.returncode == 0, r.stderr
+    rows, *problems = r.stdout.splitlines()
+    assert int(rows) > 0
+    assert any("messages-000099.parquet is not a regular file (a FIFO)" in p for p in problems), problems
+    assert any("counters is 'x', not an object: ignored" in p for p in problems), problems
