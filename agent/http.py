@@ -193,7 +193,11 @@ class LiveServer:
                 elif key.data == "wake":
                     return
                 elif key.fileobj in self._conns:   # not closed by an earlier event of this round
-                    self._io(key.data)
+                    try:
+                        self._io(key.data)
+                    except Exception:   # a page that failed to render: that client goes, the loop stays
+                        self.dropped["error"] += 1
+                        self._close(key.data)
             now = time.monotonic()
             for c in [c for c in self._conns.values() if c.deadline <= now]:
                 self.dropped["header_timeout" if c.out is None else "request_timeout"] += 1
@@ -231,7 +235,11 @@ class LiveServer:
             c = _Conn(s, time.monotonic())
             self._conns[s] = c
             self._sel.register(s, selectors.EVENT_READ, c)
-            self._io(c)   # a scraper's request is usually here already: answered before a flood's next accepts
+            try:
+                self._io(c)   # a scraper's request is usually here already: answered before a flood's next accepts
+            except Exception:
+                self.dropped["error"] += 1
+                self._close(c)
 
     def _io(self, c: _Conn) -> None:
         try:

@@ -17,22 +17,21 @@ snapshot, which carries traced names too.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import socket
-import stat
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from agent import safefile
 from agent.live import EDGES_NS, N_BUCKETS, SUBS, CLIENT_COMPONENTS, SERVER_COMPONENTS, UNSPLIT
 
 FORMAT = "pslat-live/1"
 FETCH_TIMEOUT_S = 2.0              # connect to last byte, whatever the server's pace
 MAX_SNAPSHOT_BYTES = 16 * 2**20    # a 40-host job's agent serves well under 1 MiB
 MAX_HEADER_BYTES = 16 * 1024
+MAX_JSON_DEPTH = 16                # a snapshot nests 6 deep (groups, group, hists, hist, counts, pair)
 MAX_NAME_CHARS = 256               # host ids, peers, ops, agent and probe names
 MAX_GROUPS = 10_000
 MAX_HOSTS = 10_000                 # entries of keys, connections, ip_hosts
@@ -213,32 +212,16 @@ def skipped_text(skipped: Counter) -> str:
 
 def parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except RecursionError:   # nesting deeper than the interpreter's stack: not a snapshot
-        raise SnapshotError("JSON nested too deep") from None
-    except ValueError as e:   # UnicodeDecodeError is one
-        raise SnapshotError(f"not JSON ({str(e)[:60]})") from None
+        return safefile.parse_json(body, max_depth=MAX_JSON_DEPTH)
+    except ValueError as e:   # not JSON, not UTF-8, nested too deep
+        raise SnapshotError(str(e)[:80]) from None
 
 
 # ---------------------------------------------------------------- sources
 
 def read_snapshot_file(path: Path, max_bytes: int = MAX_SNAPSHOT_BYTES) -> tuple[dict, Counter]:
     """A saved /snapshot.json; OSError (unreadable, not a regular file, too big) or SnapshotError."""
-    # O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is then read
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError("not a regular file")
-        if st.st_size > max_bytes:
-            raise OSError(f"larger than {max_bytes // 2**20} MiB")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            body = f.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(body) > max_bytes:
-        raise OSError(f"larger than {max_bytes // 2**20} MiB")
-    return read_snapshot(parse_json(body))
+    return read_snapshot(parse_json(safefile.read_regular(path, max_bytes)))
 
 
 def _host_port(addr: str) -> tuple[str, int]:

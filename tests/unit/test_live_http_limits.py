@@ -163,8 +163,28 @@ class _BigLive(LiveAggregates):
         return {"pad": "x" * 16_000_000}
 
 
-def test_a_reader_that_never_reads_is_cut_at_the_request_deadline():
-    from agent.http import REQUEST_TIMEOUT_S, serve
+class _BrokenLive(LiveAggregates):
+    def snapshot(self):
+        raise RuntimeError("a bug in a page")
+
+
+def test_a_page_that_fails_costs_its_client_not_the_endpoint():
+    from agent.http import serve
+    server = serve("127.0.0.1:0", _BrokenLive())
+    try:
+        with pytest.raises(OSError):   # closed without an answer (http.client: RemoteDisconnected)
+            urllib.request.urlopen(f"http://{server.address}/snapshot.json", timeout=5).read()
+        body = urllib.request.urlopen(f"http://{server.address}/metrics", timeout=5).read()
+        assert _dropped(body) == {"error": 1}
+    finally:
+        server.close()
+
+
+def test_a_reader_that_never_reads_is_cut_at_the_request_deadline(monkeypatch):
+    import agent.http
+    from agent.http import serve
+    REQUEST_TIMEOUT_S = 2.0   # the deadline, shortened for the test (10 s in the agent)
+    monkeypatch.setattr(agent.http, "REQUEST_TIMEOUT_S", REQUEST_TIMEOUT_S)
     server = serve("127.0.0.1:0", _BigLive())
     try:
         s = socket.socket()
