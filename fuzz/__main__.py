@@ -27,6 +27,7 @@ from fuzz.targets import CORPUS_ROOT, TARGETS, target
 
 RSS_LIMIT_MB = 2048
 TIMEOUT_S = 10
+MAX_LEN = 2048   # bytes an input may grow to; a target may set a smaller MAX_LEN of its own
 _STAT = re.compile(r"^stat::(\w+):\s+(\d+)")
 _PULSE = re.compile(r"^#(\d+)\s.*\brss: (\d+)Mb", re.M)
 
@@ -48,7 +49,7 @@ def _with_atheris(name: str, inputs: int, seconds: float) -> dict:
             (corpus / f"seed-{i}").write_bytes(s)
         args = [sys.executable, "-m", "fuzz.atheris_child", name, f"-runs={inputs}",
                 f"-max_total_time={int(seconds)}", f"-timeout={TIMEOUT_S}",
-                f"-rss_limit_mb={RSS_LIMIT_MB}", "-max_len=2048", "-print_final_stats=1",
+                f"-rss_limit_mb={RSS_LIMIT_MB}", f"-max_len={getattr(target(name), 'MAX_LEN', MAX_LEN)}", "-print_final_stats=1",
                 f"-artifact_prefix={crash_dir}/", str(corpus)]
         t0 = time.monotonic()
         p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

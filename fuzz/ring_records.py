@@ -22,6 +22,8 @@ from agent.sources import read_recording
 from probes.events import NetstackEvent
 
 KIND = "parser"
+# two or three records an input: enough to join a call or a message over records
+MAX_LEN = 1024
 _REC = Path(__file__).resolve().parents[1] / "tests" / "data" / "agent"
 _LEN = struct.Struct("<H")
 RINGS = ("prefix", "items", "framework", "netstack")
@@ -43,10 +45,10 @@ def seeds() -> list[bytes]:
             by_probe.setdefault(probe, []).append(raw)
         for probe, ring in (("sockcalls", "items"), ("framework", "framework"), ("netstack", "netstack")):
             raws = by_probe.get(probe, [])
-            for at in range(0, min(len(raws), 60), 6):   # a few consecutive records per seed
+            for at in range(0, min(len(raws), 60), 3):   # a few consecutive records per seed
                 batch, size = [], 0
-                for r in raws[at:at + 6]:
-                    if size + len(r) + 3 > 2048:   # the fuzzer's max_len
+                for r in raws[at:at + 3]:
+                    if size + len(r) + 3 > MAX_LEN:
                         break
                     batch.append(r)
                     size += len(r) + 2
@@ -71,6 +73,8 @@ def _prefix_seeds() -> list[bytes]:
         recs = []
         for at in range(0, len(data), cut):
             chunk = data[at:at + cut]
+            if sum(len(r) + 2 for r in recs) + _HEAD.size + len(chunk) + 3 > MAX_LEN:
+                break
             recs.append(_HEAD.pack(1000 + at, 1500 + at, 0xABC, 7, len(chunk), 100, 101, 3, 4026531840,
                                    (1001 + at) & 0xFFFFFFFF, (1001 + at + len(chunk)) & 0xFFFFFFFF,
                                    1000, 5000, socket.inet_aton("10.0.0.1").ljust(16, b"\0"),
