@@ -84,7 +84,7 @@ def agent(
         n = sum(pipeline.events.values())
         rows = ", ".join(f"{h}: {k} messages" for h, k in sorted(pipeline.rows.items())) or "no messages"
         typer.echo(f"replayed {n} events in {elapsed:.2f} s ({n / max(elapsed, 1e-9):,.0f} events/s); {rows}; "
-                   f"run dirs in {out}", err=True)
+                   f"run dirs: {', '.join(str(w.path) for w in pipeline.writers.values()) or out}", err=True)
         return
     run_live(AgentOptions(out=out, test_clock_skews=tuple(test_clock_skew), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
                           ports=tuple(port), host_id=host_id, duration_s=duration, record=record,

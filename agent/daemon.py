@@ -31,7 +31,7 @@ from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kerne
 from agent.netrows import TCP_CLOSE
 from agent.priority import Priority
 from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
-from agent.rundir import RunDirWriter
+from agent.rundir import RunDirWriter, check_out, claim_run_dir
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
 from probes.events import NsEventKind
 
@@ -172,7 +172,10 @@ class Pipeline:
             meta = dict(self.meta, host_id=host)
             if host in self.skews:
                 meta["clock"] = dict(meta["clock"], injected=self.skews[host].to_meta())
-            w = self.writers[host] = RunDirWriter(self.out / host, meta, self.shard_interval_s)
+            path = claim_run_dir(self.out, host)
+            if path.name != host:
+                self.warn(f"{self.out / host} holds an earlier run's data: this run writes {path}")
+            w = self.writers[host] = RunDirWriter(path, meta, self.shard_interval_s, warn=self.warn)
             w.set_schema("messages", MESSAGES_SCHEMA)
             w.set_schema("connections", CONNECTIONS_SCHEMA)
             w.set_schema("clock_samples", CLOCK_SAMPLES_SCHEMA)
@@ -297,6 +300,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
     if set(skews) - set(named_hosts):
         raise UserError(f"--test-clock-skew names {sorted(set(skews) - set(named_hosts))}, not a traced host "
                         f"({', '.join(named_hosts)})")
+    check_out(o.out)   # before a probe is compiled or a port bound: a bad --out is one line, nothing attached
     recorder: RecordWriter | None = None
     seen_netns: set[int] = set()
     pipeline: Pipeline | None = None
@@ -485,6 +489,7 @@ def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
            live=None) -> tuple[Pipeline, float]:
     """A recording through the live decoders; returns the pipeline and the seconds it took.
     live: an agent.live.LiveAggregates to feed as the live agent would."""
+    check_out(out)
     src = ReplaySource(path)
     h = src.header
     names = {int(k): v for k, v in h.get("netns_names", {}).items()}
