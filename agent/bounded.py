@@ -18,9 +18,12 @@ from collections import OrderedDict
 # speaks again comes back as a mid-stream join (its ISNs come with every call, so its
 # id is the same; the first message may be lost while the parser finds sync).
 CONN_IDLE_NS = 300 * 10**9
-# Connections kept at most by each per-connection map (~5 KB each in agent.decode:
-# two parsers; a PS job's host has tens to thousands of connections).
-CONNS_MAX = 16_384
+# Connections kept at most by each per-connection map: ~4.5 KB each in agent.decode
+# (two parsers and their calls), so ~37 MB when full. ps-lite connects every node to
+# every other: a host of a job of N nodes has about 2N connections (N = 4,000 fits).
+# Where closes are lost (a full ring) the maps fill up to this, so it is what RSS
+# grows by at most under connection churn.
+CONNS_MAX = 8_192
 
 
 def put_newest(table: OrderedDict, key, value, cap: int) -> int:

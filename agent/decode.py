@@ -138,7 +138,7 @@ def _call(h, view: list, ends: dict) -> Call:
     key = (family, saddr, sport, daddr, dport)
     ends_of = _ends_cache.get(key)
     if ends_of is None:
-        if len(_ends_cache) >= 65536:
+        if len(_ends_cache) >= CONNS_MAX:   # per 4-tuple: under churn a cache this size is RSS
             _ends_cache.clear()
         ends_of = _ends_cache[key] = ((_addr(family, saddr), sport), (_addr(family, daddr), dport))
     name = _comm_cache.get(comm)
