@@ -7,9 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-# about 50 minutes in all with the defaults (overhead ~13, cost ~13-15 on a quiet machine,
-# capacity ~16 with its 10-minute memory run, report ~5, the rest ~2); each takes options
-# for shorter runs
+# about 60 minutes in all with the defaults (overhead ~13, cost 22-24 at load 11-13, where
+# each of its 6 agent starts took 1-2.5 min, capacity ~16 with its 10-minute memory run,
+# report ~5, the rest ~2); each takes options for shorter runs
 BENCHMARKS = ["bench.wire", "bench.psbench_throughput", "bench.overhead", "bench.cost", "bench.capacity",
               "bench.report"]
 

@@ -15,9 +15,10 @@ The job runs on for a whole phase and the conditions take turns on it: a
 tracer is started (in its cgroup) once the job runs, and a condition is a
 block of --windows back-to-back measurement windows of --duration-s each,
 after the tracer is ready and the job has caught up (an open-loop job falls
-behind while the agent compiles beside it). Starting the agent costs 10-90 s
-on these shared cores, so a block holds several windows; blocks rotate their
-order per round. Window k of a condition is paired with window k of
+behind while the agent compiles beside it). Starting the agent took 54-142 s
+on these shared cores at load 10-15 (22-24 minutes for a default run there;
+--pairs, --closed-pairs, --windows and --duration-s make it shorter), so a
+block holds several windows; rounds order the blocks in a Williams design. Window k of a condition is paired with window k of
 untraced in the same round; confidence intervals (95%) come from resampling
 whole rounds (bootstrap), because windows of one block are not independent.
 
@@ -431,6 +432,9 @@ def summarize(windows: list[Window], prog_hooks: dict[str, list[Hook]], tracers:
         "aa_closed_throughput_noise": aa_noise([v for _, v in paired(windows, c, SHARED, "untraced2", _tput,
                                                                      "ratio")]),
     }
+    # how many rounds the intervals resample: with 2, an interval only spans the two rounds' medians
+    cost["open_rounds"] = len({w.round for w in windows if w.phase == o})
+    cost["closed_rounds"] = len({w.round for w in windows if w.phase == c})
     out["cost"] = cost
     return out
 
@@ -557,6 +561,7 @@ def run_block(ctx: Ctx, phase: str, rnd: int, condition: str, windows: int, plac
             with ctx.groups.joined("tracer"):   # the tracer (and its compiler) start in its group
                 tracer.start()
             session["start_s"] = round(time.monotonic() - t0, 1)
+            session["ready_line"] = next((ln.strip() for ln in tracer.stderr if "ready:" in ln), None)
         time.sleep(ctx.settle_s)
         if open_loop:
             wait_caught_up(ps_out, ctx.log)
@@ -640,7 +645,8 @@ def summary_lines(s: dict, rate: float) -> list[str]:
     c = s["cost"]
     o = s["open"]
     lines = [
-        f"open loop at {rate:g} requests/s per worker, {o['pairs']} pairs ({o['aa_pairs']} A/A):",
+        f"open loop at {rate:.1f} requests/s per worker, {o['pairs']} pairs ({o['aa_pairs']} A/A) in "
+        f"{c['open_rounds']} rounds; [95% intervals, rounds resampled]:",
         f"  untraced job CPU {_f(c['job_cpu_us_per_message'], '{:.1f}')} us/message",
         f"  agent: own CPU {_f(c['agent_cpu_us_per_message'], '{:.1f}')} us/message "
         f"{_ci(c['agent_cpu_us_per_message_ci95'])} ({_f(c['agent_cpu_share_of_job'], '{:.1%}')} of the job's); "
@@ -656,7 +662,8 @@ def summary_lines(s: dict, rate: float) -> list[str]:
         f"+-{_f(c['aa_p99_noise'])}",
         f"  BPF ns/message (wire namespace taken out): agent {_f(c['agent_bpf_ns_per_message'], '{:,.0f}')}, floor "
         f"{_f(c['floor_bpf_ns_per_message'], '{:,.0f}')}",
-        f"closed loop: pinned (job CPU {JOB_CPUS}, tracer + wire CPU {TRACER_CPUS}) throughput loss agent "
+        f"closed loop ({c['closed_rounds']} rounds: an interval over 2 rounds spans their medians, no more): pinned "
+        f"(job CPU {JOB_CPUS}, tracer + wire CPU {TRACER_CPUS}) throughput loss agent "
         f"{_f(c['pinned_throughput_loss'])} {_ci(c['pinned_throughput_loss_ci95'])}, floor "
         f"{_f(c['floor_pinned_throughput_loss'])} {_ci(c['floor_pinned_throughput_loss_ci95'])}, A/A noise "
         f"+-{_f(c['aa_pinned_throughput_noise'])}",

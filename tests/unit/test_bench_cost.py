@@ -13,7 +13,7 @@ import pytest
 from bench.cgroups import mount_points, own_paths, pids_of
 from bench.common import json_line
 from bench.cost import (CONDITIONS, PINNED, SHARED, WIRE_RUNS, Window, balanced_order, bootstrap_ci, bpf_delta, bpf_name, bpf_summary,
-                        fill_job, open_rate, paired, parse_args, program_hooks, summarize)
+                        fill_job, open_rate, paired, parse_args, program_hooks, summarize, summary_lines)
 from bench.floor import Hook, agent_hooks
 
 MOUNTS = """\
@@ -118,6 +118,10 @@ def test_summary_gives_the_issues_figures_from_windows():
     assert c["aa_pinned_throughput_noise"] == pytest.approx(0.01)
     assert c["lost_events"] == 7 and c["agent_rss_mb"] == 380.0
     assert s["open"]["pairs"] == 6 and s["open"]["aa_pairs"] == 6
+    assert c["open_rounds"] == c["closed_rounds"] == 3
+    text = "\n".join(summary_lines(s, 37.5))
+    assert "37.5 requests/s per worker, 6 pairs (6 A/A) in 3 rounds" in text
+    assert "job's extra CPU 10.0 us/message [10, 10]" in text and "throughput loss agent 0.050" in text
     lo, hi = c["job_extra_cpu_us_per_message_ci95"]
     assert lo == pytest.approx(10.0) and hi == pytest.approx(10.0)
     issue_keys = {"agent_cpu_us_per_message", "job_extra_cpu_us_per_message", "floor_job_extra_cpu_us_per_message",
