@@ -17,8 +17,10 @@ from __future__ import annotations
 import re
 
 REPLACEMENT = "\ufffd"
-# C0 (tab and newline included: a value is one cell on one line), DEL, C1, bidi controls
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# C0 (tab and newline included: a value is one cell on one line), DEL, C1, bidi
+# controls and marks (U+061C, U+200E/F), line and paragraph separators (U+2028/9),
+# zero-width characters that hide a difference (U+200B-D, U+2060-2064, U+FEFF)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
 
 def safe_text(value: object, max_chars: int | None = None) -> str:

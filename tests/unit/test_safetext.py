@@ -23,3 +23,10 @@ def test_plain_text_and_markup_stay_as_they_are():
 def test_cut_to_length_with_an_ellipsis():
     assert safe_text("abcdefgh", max_chars=5) == "abcd…"
     assert safe_text("abc", max_chars=5) == "abc"
+
+
+def test_invisible_and_reordering_characters_are_replaced():
+    # bidi marks, line/paragraph separators and zero-width characters make a name look
+    # like another or break a line without a newline
+    for ch in "\u061c\u200b\u200c\u200d\u200e\u200f\u2028\u2029\u2060\u2066\u2069\ufeff":
+        assert safe_text(f"ps{ch}0") == f"ps{REPLACEMENT}0", repr(ch)
