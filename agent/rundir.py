@@ -36,7 +36,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agent.errors import UserError
+from agent.errors import UserError, say
 from agent.runmeta import MetaError, read_meta_checked
 from agent.safefile import open_regular
 
@@ -141,7 +141,7 @@ def _unlink_quietly(path: Path) -> None:
 
 
 def _default_warn(msg: str) -> None:
-    print(f"pslat agent: {msg}", file=sys.stderr, flush=True)
+    say("pslat agent", msg)
 
 
 def _jsonable(o: Any) -> Any:

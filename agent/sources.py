@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from agent.delivered import Delivered
-from agent.errors import UserError
+from agent.errors import UserError, say
 
 Sink = Callable[[str, bytes], None]
 
@@ -457,7 +457,7 @@ class LiveSource:
     """The probes, attached. drain() delivers raw events to the sink."""
     sel: Selection
     sink: Sink
-    warn: Callable[[str], None] = field(default=lambda msg: print(f"pslat agent: {msg}", file=sys.stderr))
+    warn: Callable[[str], None] = field(default=lambda msg: say("pslat agent", msg))
     overrides: dict[str, int] = field(default_factory=dict)
     netstack: bool = True   # False: syscalls and framework only (less overhead, no kernel stage times)
 
