@@ -18,7 +18,9 @@ connection must finish its request headers within HEADER_TIMEOUT_S of its
 accept (a slowloris trickling bytes is cut) and take its whole answer within
 REQUEST_TIMEOUT_S (a reader that stops reading is cut); one request per
 connection; each page is rendered at most once per CACHE_S, so scrapes at any
-rate cost the agent a cached copy. Connections closed without an answer are
+rate cost the agent a cached copy; past MAX_REQUESTS_PER_S (over all clients,
+with a burst as large) a request gets a 429, so a client asking flat out cannot
+keep the endpoint's thread, and with it the agent's GIL, busy. Connections closed without an answer are
 counted by reason in pslat_http_connections_dropped.
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ HEADER_TIMEOUT_S = 2.0      # accept to the end of the request headers (a scrape
 REQUEST_TIMEOUT_S = 10.0    # accept to the answer's last byte sent (snapshots of big jobs are MBs)
 MAX_REQUEST_BYTES = 8192    # request line and headers; a GET has no body
 CACHE_S = 0.5               # a page is rendered at most this often (a render costs the agent ~6-11 ms)
+MAX_REQUESTS_PER_S = 50     # answered, over all clients: Prometheus scrapes every 15 s, each `pslat top` every 1 s
 SEND_CHUNK_BYTES = 256 * 1024
 LISTEN_BACKLOG = 1024       # connects waiting in the kernel to be accepted (no descriptor of ours yet)
 ACCEPT_PAUSE_S = 0.1        # out of descriptors: accept again after this
@@ -155,6 +158,7 @@ class LiveServer:
         self.pages = pages
         self.dropped: Counter = Counter()
         self._cache: dict[str, tuple[float, bytes]] = {}
+        self._tokens, self._tokens_at = float(MAX_REQUESTS_PER_S), time.monotonic()   # the rate's bucket
         self._conns: dict[socket.socket, _Conn] = {}   # in accept order: the first is the oldest
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -267,6 +271,14 @@ class LiveServer:
             if len(c.buf) > MAX_REQUEST_BYTES:
                 self._answer(c, 431, b"request headers too large\n", "text/plain", reason="bad_request")
             return
+        now = time.monotonic()
+        self._tokens = min(float(MAX_REQUESTS_PER_S), self._tokens + (now - self._tokens_at) * MAX_REQUESTS_PER_S)
+        self._tokens_at = now
+        if self._tokens < 1:
+            self._answer(c, 429, b"too many requests: at most %d a second\n" % MAX_REQUESTS_PER_S, "text/plain",
+                         reason="rate")
+            return
+        self._tokens -= 1
         line = bytes(c.buf[:c.buf.find(b"\n")]).rstrip(b"\r").split()
         if len(line) != 3 or not line[2].startswith(b"HTTP/"):
             self._answer(c, 400, b"not an HTTP request\n", "text/plain", reason="bad_request")
