@@ -117,7 +117,11 @@ def one_input(data: bytes) -> None:
             with contextlib.redirect_stderr(io.StringIO()):   # the agent's warnings, once per run
                 replay(rec, out, shard_interval_s=3600)
         finally:
-            gc.unfreeze()   # replay freezes the heap it started with: once per input, it would grow
+            # replay freezes the heap it started with (agent.sources.settle_heap), the last
+            # input's garbage too, and makes young collections rare: once per input, that
+            # grew RSS 155 -> 439 MB over 586 inputs under atheris; collected here, flat
+            gc.unfreeze()
+            gc.collect()
         for d in sorted(p for p in out.iterdir() if p.is_dir()):
             rd = read_run_dir(d)
             assert rd.meta.get("closed") is True, d
