@@ -1,6 +1,7 @@
 """`pslat agent`: trace the selected processes and write one run dir per host."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,21 @@ import typer
 
 from agent.errors import UserError
 from agent.priority import check_nice
+
+
+@contextlib.contextmanager
+def _nothing_left_behind(out: Path):
+    """An --out this run made is removed again when the run fails before writing into it
+    (a bad recording, a port in use, a probe that will not load): bad input leaves
+    nothing behind."""
+    existed = out.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                out.rmdir()   # only when empty: a run dir written before a failure stays
+        raise
 
 
 def agent(
@@ -80,16 +96,19 @@ def agent(
                 or cpu_budget is not None:
             raise UserError("--replay decodes what a recording holds; leave out the filters, --record, --listen, "
                             "--sample-rate, --cpu-budget and --print-bpf")
-        pipeline, elapsed = do_replay(replay, out)
+        with _nothing_left_behind(out):
+            pipeline, elapsed = do_replay(replay, out)
         n = sum(pipeline.events.values())
         rows = ", ".join(f"{h}: {k} messages" for h, k in sorted(pipeline.rows.items())) or "no messages"
         typer.echo(f"replayed {n} events in {elapsed:.2f} s ({n / max(elapsed, 1e-9):,.0f} events/s); {rows}; "
                    f"run dirs: {', '.join(str(w.path) for w in pipeline.writers.values()) or out}", err=True)
         return
-    run_live(AgentOptions(out=out, test_clock_skews=tuple(test_clock_skew), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
-                          ports=tuple(port), host_id=host_id, duration_s=duration, record=record,
-                          libs=tuple(lib), print_bpf=print_bpf, netstack=netstack, listen=listen,
-                          sample_rate=sample_rate, overrides=overrides, nice=nice, cpu_budget=cpu_budget))
+    with _nothing_left_behind(out):
+        run_live(AgentOptions(out=out, test_clock_skews=tuple(test_clock_skew), pids=tuple(pid),
+                              comms=tuple(comm), netns=tuple(netns), ports=tuple(port), host_id=host_id,
+                              duration_s=duration, record=record, libs=tuple(lib), print_bpf=print_bpf,
+                              netstack=netstack, listen=listen, sample_rate=sample_rate,
+                              overrides=overrides, nice=nice, cpu_budget=cpu_budget))
     if not print_bpf:
         # Everything is written and closed: skip the interpreter's teardown (0.3-0.5 s
         # under load, of the 2 s a SIGTERM may take; the kernel closes what is left).

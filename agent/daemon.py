@@ -11,7 +11,9 @@ stderr as they happen.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import resource
 import signal
 import sys
 import time
@@ -26,7 +28,7 @@ from agent.clockskew import ClockSkew
 from agent.correlate import Connections, Correlator
 from agent.detach import Detacher
 from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, _addr, sockcall_format
-from agent.errors import UserError
+from agent.errors import UserError, say
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
 from agent.netrows import TCP_CLOSE
 from agent.priority import Priority
@@ -68,7 +70,7 @@ class Pipeline:
         self.host_map = host_map
         self.meta = meta
         self.shard_interval_s = shard_interval_s
-        self.warn = warn or (lambda m: print(f"pslat agent: {m}", file=sys.stderr))
+        self.warn = warn or (lambda m: say("pslat agent", m))
         self.decoder = StreamDecoder()
         self.sockcalls = SockcallAssembler(sockcall_fmt)
         self.meta.setdefault("config", {})["sockcall_format"] = sockcall_fmt
@@ -280,10 +282,20 @@ def base_meta(sel: Selection, host_map: HostMap, config: dict) -> dict:
     }
 
 
+def _open_files_to_hard_limit() -> None:
+    """The soft limit on open files up to the hard one: a traced job's many connections
+    and the endpoint's clients must not leave the run-dir writer without a descriptor
+    (the endpoint also caps its own, agent/http.py)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregates=None) -> dict[str, Path]:
     """Trace until SIGINT/SIGTERM or the duration; returns {host id: run dir}.
     aggregates: an agent.live.LiveAggregates to feed (made here when o.listen is set)."""
-    log = log or (lambda m: print(f"pslat agent: {m}", file=sys.stderr, flush=True))
+    log = log or (lambda m: say("pslat agent", m))
     sel = _selection(o)
     skews = {k.host: k for k in (ClockSkew.parse(t, time.monotonic_ns()) for t in o.test_clock_skews)}
     if o.print_bpf:
@@ -301,6 +313,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         raise UserError(f"--test-clock-skew names {sorted(set(skews) - set(named_hosts))}, not a traced host "
                         f"({', '.join(named_hosts)})")
     check_out(o.out)   # before a probe is compiled or a port bound: a bad --out is one line, nothing attached
+    _open_files_to_hard_limit()
     recorder: RecordWriter | None = None
     seen_netns: set[int] = set()
     pipeline: Pipeline | None = None
@@ -489,8 +502,8 @@ def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
            live=None) -> tuple[Pipeline, float]:
     """A recording through the live decoders; returns the pipeline and the seconds it took.
     live: an agent.live.LiveAggregates to feed as the live agent would."""
+    src = ReplaySource(path)   # a bad recording is refused before --out is made
     check_out(out)
-    src = ReplaySource(path)
     h = src.header
     names = {int(k): v for k, v in h.get("netns_names", {}).items()}
     host_map = HostMap(h.get("host_id"), names=names)

@@ -95,3 +95,15 @@ def test_the_replayed_run_dir_is_fsynced_file_and_directory(tmp_path):
         assert any(i < last and f"<{tmp}>" in calls[i] for i in synced), (name, calls)
     assert any(i > max(renames) and calls[i].endswith(f"<{run_dir}>) = 0") for i in synced), calls
     assert any(f"<{out}>" in calls[i] for i in synced), calls
+
+
+@pytest.mark.parametrize("recording", [b"not a recording", b""], ids=["garbage", "empty"])
+def test_a_bad_recording_leaves_no_out_behind(tmp_path, recording):
+    """Bad input is one line and exit 2, and nothing is left behind: an --out this run
+    would have made is not made (or is removed again when still empty)."""
+    rec = tmp_path / "bad.rec"
+    rec.write_bytes(recording)
+    out = tmp_path / "new" / "out"
+    p = pslat("agent", "--replay", rec, "--out", out)
+    assert p.returncode == 2 and p.stderr.startswith("pslat: error: "), p.stderr
+    assert not out.exists()
