@@ -1,7 +1,7 @@
 """`pslat agent --out` (issue 11, finding 6), through the real CLI on a real recording:
 a restart into the same --out makes a new run dir beside the first and leaves the
 first intact; an --out that cannot be written is one line and exit 2 before anything
-runs. (The live agent's check before its probes attach: tests/privileged/test_agent_out.py.)"""
+runs. (The live agent's check before its probes attach: tests/privileged/test_agent_out_live.py.)"""
 import hashlib
 import shutil
 import json
