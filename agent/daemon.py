@@ -15,7 +15,6 @@ import contextlib
 import json
 import resource
 import signal
-import sys
 import time
 import traceback
 import uuid

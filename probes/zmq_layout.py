@@ -40,6 +40,7 @@ from agent.errors import UserError
 from probes import sandbox
 
 MSG_T_BYTES = 64          # sizeof(zmq_msg_t) in every libzmq since 4.1 (public ABI)
+_WORD_OFFSETS = range(0, MSG_T_BYTES - 7, 8)   # where an 8-byte word (pointer, size) can sit
 _ZMQ_PAIR = 0
 _ZMQ_SNDMORE = 2
 _ZMQ_LINGER = 17
@@ -226,7 +227,7 @@ def _sample(lib: _Lib, m: _Msg) -> _Sample:
     p = ctypes.byref(m)
     raw = bytes(m)
     pointees = {}
-    for off in range(0, MSG_T_BYTES - 7, 8):
+    for off in _WORD_OFFSETS:
         block = lib.mem.read(_u64(raw, off), 64)
         if block is not None:
             pointees[_u64(raw, off)] = block
@@ -272,7 +273,7 @@ def _constant_bytes(samples: list[_Sample]) -> dict[int, int]:
 
 
 def _word_offsets(raw: bytes, value: int) -> set[int]:
-    return {off for off in range(0, MSG_T_BYTES - 7, 8) if _u64(raw, off) == value}
+    return {off for off in _WORD_OFFSETS if _u64(raw, off) == value}
 
 
 def _find_inline(lib: _Lib) -> tuple[int, int, int, list[_Sample]]:
@@ -298,7 +299,7 @@ def _find_content(samples: list[_Sample]) -> tuple[int, int, int]:
     found = None
     for s in samples:
         here = set()
-        for ptr_off in range(0, MSG_T_BYTES - 7, 8):
+        for ptr_off in _WORD_OFFSETS:
             block = s.read(_u64(s.raw, ptr_off), 64)
             if block is None:
                 continue
@@ -382,7 +383,6 @@ def confined_main(path: Path) -> dict:
     return {k: v for k, v in asdict(layout).items() if k != "library"}
 
 
-_WORD_OFFSETS = range(0, MSG_T_BYTES - 7, 8)
 _ANSWER_BOUNDS = {
     "type_off": range(MSG_T_BYTES), "flags_off": range(MSG_T_BYTES),
     "more_mask": [1 << b for b in range(8)], "vsm_type": range(256),
