@@ -19,8 +19,10 @@ Topology (N hosts, one kernel):
   instead of reordering). Time in is the kernel's receive timestamp
   (SO_TIMESTAMPNS, realtime) minus real-mono offset (narrowest of a few
   mono/real/mono readings, refreshed every 100 ms), so the forwarder's own
-  wake-up latency is part of the delay, not added to it. Time out is when the
-  frame is handed to the kernel for sending (just before sendmmsg).
+  wake-up latency is part of the delay, not added to it; a tc program at each
+  host's veth egress makes the kernel take it at the sender's handoff, not in
+  the wire namespace's softirq (timein.py). Time out is when the frame is
+  handed to the kernel for sending (just before its send()).
 - Static ARP entries for every other host (so no test needs an ARP warm-up and
   no ARP frame reaches the wire); IPv6 disabled in every namespace (no
   ND/MLD chatter in the ground truth).
@@ -64,7 +66,7 @@ import pandas as pd
 
 from agent.errors import UserError, require_root
 
-from . import forwarder, netns, state, wirelog
+from . import forwarder, netns, state, timein, wirelog
 from .spec import PREFIX_LEN, WIRE_NS, ClusterSpec, Host, make_spec
 
 MTU = 1500
@@ -238,6 +240,7 @@ class Cluster:
             offloads[WIRE_NS][h.wire_ifname] = netns.offloads_off(WIRE_NS, h.wire_ifname)
         netns.ip_batch(WIRE_NS, ["link set lo up"] +
                        [f"link set {h.wire_ifname} up" for h in self.spec.hosts])
+        timein.clear_delivery_time([(h.netns, h.ifname) for h in self.spec.hosts])
         self._forwarder = forwarder.start(self.spec, self.log_dir)
         self._forwarder_pid = self._forwarder.pid
         self._state["forwarder"] = {"pid": self._forwarder.pid,
