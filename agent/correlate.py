@@ -59,7 +59,9 @@ recordings made before them) the latest event timestamp stands in for T.
 from __future__ import annotations
 
 import heapq
+import math
 import struct
+import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -79,6 +81,7 @@ MAX_ELIMINATION = 6          # groups up to this size are searched for their onl
 SETTLE_NS = 50_000_000       # a group of same-id messages is complete this long after its last member
 # HOLD_NS (agent.netrows): a row waits at most this long for its framework record and its ids
 STEP_NS = 10_000_000         # matching runs every STEP_NS of event time
+DEADLINE_EVERY = 32          # groups settled or rows emitted between looks at a stop's deadline
 # What the correlator learns per connection, zmq socket, process or server endpoint
 # is kept at most this many entries per table, the least recently used evicted and
 # counted (ids_evicted, bound_evicted, key_hulls_evicted, fw_tgids_evicted): traffic
@@ -470,26 +473,36 @@ class Correlator:
         self.counters["framework_matched"] += 1
         self._ready.append(p)
 
-    def step(self, final: bool = False) -> None:
+    def step(self, final: bool = False, deadline: float = math.inf) -> None:
+        """deadline (time.monotonic()): with final, what is not settled and emitted by
+        then is counted (unsettled_at_stop) and dropped."""
         now = self.now_ns
         touched = self._group_touched
         # groups that stopped growing: match them (in order of their last touch)
+        n = 0
         while touched:
             key = next(iter(touched))
             if not final and now - touched[key] < SETTLE_NS:
                 break
+            n += 1
+            if n % DEADLINE_EVERY == 0 and time.monotonic() >= deadline:
+                return self._drop_unsettled()
             del touched[key]
             self._settle(key, final)
         # groups that could not be settled: give up on members older than HOLD_NS
         exp = self._expiry
         while exp and (final or exp[0][0] <= now):
+            n += 1
+            if n % DEADLINE_EVERY == 0 and time.monotonic() >= deadline:
+                return self._drop_unsettled()
             _, _, key = heapq.heappop(exp)
             if key not in touched:   # a group touched again is settled again first
                 self._settle(key, final)
         if self._unkeyed:
             self._ready.extend(self._unkeyed)
             self._unkeyed = []
-        self._emit_ready(final)
+        if not self._emit_ready(final, deadline):
+            self._drop_unsettled()
         if now >= self._next_prune:
             self._next_prune = now + HOLD_NS
             self.tx_times.prune(now)
@@ -532,16 +545,20 @@ class Correlator:
             self._expiry_seq += 1
             heapq.heappush(self._expiry, (oldest + HOLD_NS, self._expiry_seq, key))
 
-    def _emit_ready(self, final: bool) -> None:
+    def _emit_ready(self, final: bool, deadline: float = math.inf) -> bool:
         """Rows out, once their sender and recver are known (or they waited HOLD_NS).
-        Rows still waiting are checked again only when an id was learnt."""
+        Rows still waiting are checked again only when an id was learnt. False when
+        the deadline came first (the rest is left in self._ready)."""
         waiting = self._waiting
         if self.ids.version != self._ids_seen or final:
             self._ids_seen = self.ids.version
             self._ready = waiting + self._ready
             waiting = self._waiting = []
         now = self.now_ns
-        for p in self._ready:
+        for i, p in enumerate(self._ready):
+            if i % DEADLINE_EVERY == DEADLINE_EVERY - 1 and time.monotonic() >= deadline:
+                del self._ready[:i]
+                return False
             sender = self.ids.sender(p.wm, p.tgid)
             recver = self.ids.recver(p.wm, p.tgid)
             if ((sender is None or recver is None) and not final and now - p.added_ns < HOLD_NS
@@ -559,9 +576,23 @@ class Correlator:
             i += 1
         if i:
             del waiting[:i]
+        return True
 
-    def close(self) -> None:
-        self.step(final=True)
+    def _drop_unsettled(self) -> None:
+        """A stop's deadline came first: what is still held is counted, not emitted."""
+        self.counters["unsettled_at_stop"] += (sum(map(len, self._wires.values())) + len(self._unkeyed)
+                                               + len(self._ready) + len(self._waiting))
+        self.counters["framework_unsettled_at_stop"] += sum(map(len, self._fws.values()))
+        self._wires.clear()
+        self._fws.clear()
+        self._group_touched.clear()
+        self._expiry.clear()
+        self._unkeyed, self._ready, self._waiting = [], [], []
+
+    def close(self, deadline: float = math.inf) -> None:
+        """Everything held goes out; by deadline (time.monotonic()) at the latest, the
+        rest counted as unsettled_at_stop."""
+        self.step(final=True, deadline=deadline)
         if self.connections is not None:
             self.connections.close()
 

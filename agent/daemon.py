@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import resource
 import signal
 import time
@@ -50,7 +51,12 @@ BATCH_INTERVAL_S = 0.02
 # record: a consumer behind at the stop holds seconds of events in the rings; a second
 # Ctrl-C cuts it short). What arrives later is counted as lost, for STOP_COUNT_S at
 # most once the probes are gone: no event is dropped without being counted.
+# Within a SIGTERM's 2 s the consumer also settles and writes what it holds: STOP_CLOSE_S
+# after the signal, what the correlator still holds is counted (unsettled_at_stop), not
+# written (an agent behind its probes held 10k messages there: 1.2 s of rows; the writer,
+# the count of what the rings still deliver, meta.json and the exit take 0.5-0.7 s more).
 STOP_DECODE_S = 0.4
+STOP_CLOSE_S = 0.9
 FINAL_DRAIN_S = 10.0
 STOP_COUNT_S = 0.2
 SHARD_INTERVAL_S = 2.0
@@ -216,8 +222,9 @@ class Pipeline:
                 w.meta["counters"].update(self._host_counters(host))
                 w.flush()
 
-    def close(self) -> None:
-        self.correlator.close()
+    def close(self, deadline: float = math.inf) -> None:
+        """deadline: time.monotonic() by which the correlator is done (agent.correlate)."""
+        self.correlator.close(deadline)
         self.sampling.finish(self.correlator.now_ns)
         for host, w in self.writers.items():
             w.meta["counters"].update(self._host_counters(host))
@@ -333,11 +340,13 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         pipeline.handle(probe, raw)
 
     live = LiveSource(sel, sink, warn=log, overrides=o.overrides, netstack=o.netstack)
-    stop = {"why": None}
+    stop = {"why": None, "at": None}
 
     def on_signal(signum, _frame):
         if stop["why"] is None:
             stop["why"] = signal.Signals(signum).name
+            stop["at"] = time.monotonic()
+            live.interrupt()   # a drain under way stops at its next record
         else:
             stop["again"] = True   # while stopping: cut the final decoding short
 
@@ -386,6 +395,8 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
             c0 = time.thread_time()
             t0_ns = time.monotonic_ns()
             emptied = live.drain()
+            if stop["why"] is not None:
+                break
             shedding.drained(time.monotonic_ns() / 1e9 - t0_ns / 1e9, emptied)
             # the drain's start when it emptied the rings; when cut short, how far the
             # laggard ring got (agent/delivered.py), so groups settle while behind too
@@ -416,8 +427,11 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
             if deadline is not None and now >= deadline:
                 stop["why"] = "duration"
         priority.restore()
-        _stop(live, pipeline, unread, log, STOP_DECODE_S if stop["why"] == "SIGTERM" else FINAL_DRAIN_S,
-              lambda: stop.get("again", False))
+        if stop["why"] == "SIGTERM":
+            decode_until, close_by = stop["at"] + STOP_DECODE_S, stop["at"] + STOP_CLOSE_S
+        else:
+            decode_until, close_by = time.monotonic() + FINAL_DRAIN_S, math.inf
+        _stop(live, pipeline, unread, log, decode_until, close_by, lambda: stop.get("again", False))
     finally:
         priority.restore()
         live.close()   # detach every probe before anything else can fail
@@ -433,16 +447,19 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
 
 
 def _stop(live: LiveSource, pipeline: Pipeline, unread: dict, log: Callable[[str], None],
-          decode_s: float, cut_short: Callable[[], bool]) -> None:
-    """Detaches the probes and closes the run dirs (within a SIGTERM's 2 s: decode_s
-    STOP_DECODE_S).
+          decode_until: float, close_by: float, cut_short: Callable[[], bool]) -> None:
+    """Detaches the probes and closes the run dirs (within a SIGTERM's 2 s: STOP_DECODE_S
+    and STOP_CLOSE_S after the signal).
 
     The probes detach in the background (agent.detach; RCU grace periods: 0.6 s idle,
-    2-3 s on a loaded 2-vCPU machine) while the rings are decoded, for decode_s at
-    most (or until cut_short()). Then what the probes still deliver is counted as lost
-    (lost_at_stop), not decoded, and the run dirs close meanwhile; once the last probe
-    is gone the count is finished (STOP_COUNT_S at most) and meta.json rewritten with it."""
-    give_up = time.monotonic() + decode_s
+    2-3 s on a loaded 2-vCPU machine) while the rings are decoded, until decode_until
+    (time.monotonic()) at most, or until cut_short(). Then what the probes still deliver
+    is counted as lost (lost_at_stop), not decoded, and the run dirs close meanwhile (the
+    correlator by close_by); once the last probe is gone the count is finished
+    (STOP_COUNT_S at most) and meta.json rewritten with it."""
+    live.resume()
+    give_up = decode_until
+    decode_s = max(0.0, decode_until - time.monotonic())
     detaching = Detacher([live.program.bpf, getattr(live.framework, "_bpf", None)])
     while True:
         emptied = live.drain(budget_s=min(0.05, max(0.01, give_up - time.monotonic())))
@@ -453,7 +470,11 @@ def _stop(live: LiveSource, pipeline: Pipeline, unread: dict, log: Callable[[str
     if not (emptied and detaching.done()):
         unread["count"] = {}   # the sink counts from here on instead of decoding
     pipeline.set_probe_counters(live.counters())
-    pipeline.close()
+    pipeline.close(close_by)
+    unsettled = pipeline.correlator.counters.get("unsettled_at_stop", 0)
+    if unsettled:
+        log(f"stopping: {unsettled} messages decoded but not matched in the stop's time were counted "
+            "(correlate_unsettled_at_stop), not written")
     while not detaching.done():   # keep the rings from filling while the kernel detaches
         if live.drain(budget_s=0.05):
             detaching.wait(0.005)
@@ -472,7 +493,7 @@ def _stop(live: LiveSource, pipeline: Pipeline, unread: dict, log: Callable[[str
         w.meta["counters"].update(pipeline._host_counters(host))
         w.write_meta()
     if sum(unread["count"].values()) or not emptied:
-        log(f"stopping: {sum(unread['count'].values())} events that arrived after {decode_s:g} s of "
+        log(f"stopping: {sum(unread['count'].values())} events that arrived after {decode_s:.2g} s of "
             "decoding were counted as lost, not decoded"
             + ("" if emptied else " (and more were left uncounted: the count is a lower bound)"))
 

@@ -467,6 +467,7 @@ class LiveSource:
         self.framework = None
         self.selector = ProcessSelector(self.sel)
         self._drain_deadline = float("inf")   # no budget outside drain()
+        self._interrupted = False
         self._cut: tuple[str, bytes] | None = None   # (ring, last event) where a drain's budget ran out
         self.delivered = Delivered()          # how far each ring is consumed: the watermark
         self._readers: list[tuple[str, object]] = []   # (probe, probes.loader.RingReader) per kernel ring
@@ -680,6 +681,9 @@ class LiveSource:
         active = [(ring, consume) for ring, consume in sources if not self.delivered.ahead(ring)]
         emptied = len(active) == len(sources)
         for ring, consume in active:
+            if self._interrupted:
+                emptied = False
+                break
             self._cut = None
             self._drain_deadline = time.monotonic() + budget_s / len(active)
             consume()
@@ -692,9 +696,18 @@ class LiveSource:
         self._cut = None
         return emptied
 
+    def interrupt(self) -> None:
+        """From a signal handler: the drain under way (if any) returns at its next record,
+        and drains return at once until resume()."""
+        self._interrupted = True
+        self._drain_deadline = 0.0
+
+    def resume(self) -> None:
+        self._interrupted = False
+
     def _budget_left(self, ring: str, raw: bytes) -> int:
         """0: go on; -1 stops libbpf's consume loop after this record (it is consumed)."""
-        if time.monotonic() < self._drain_deadline:
+        if time.monotonic() < self._drain_deadline and not self._interrupted:
             return 0
         self._cut = (ring, raw)
         return -1

@@ -269,6 +269,10 @@ def health_findings(m: dict) -> list[str]:
             if c["lost"]:
                 lost_parts.append(f"{_agent_name(a['hosts'])} {p} lost {c['lost']:,} of "
                                   f"{c['seen'] + c['lost']:,} events")
+        unsettled = max(h.get("unsettled_at_stop", 0) for h in a["rows"])
+        if unsettled:
+            lost_parts.append(f"{_agent_name(a['hosts'])} left {unsettled:,} decoded messages unmatched "
+                              "when its stop's time ran out (SIGTERM)")
     for h in m["health"]:   # rows are dropped by each host's run dir writer
         if h["rows_dropped"]:
             lost_parts.append(f"{h['host']} dropped {h['rows_dropped']:,} rows")

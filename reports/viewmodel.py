@@ -189,6 +189,8 @@ def health(ctx: RunContext, d) -> list[dict[str, Any]]:
         sampling = meta.get("sampling") if isinstance(meta.get("sampling"), dict) else {}
         rows.append({"host": host, "probes": probes, "messages": c.get("messages"),
                      "rows_dropped": int(c.get("rows_dropped") or 0), "consumer_cpu_s": c.get("consumer_cpu_s"),
+                     # agent-wide, like the probe counters: decoded, not matched by a SIGTERM's deadline
+                     "unsettled_at_stop": int(c.get("correlate_unsettled_at_stop") or 0),
                      "unparsed_bytes": int(c.get("unparsed_bytes") or 0), "lost_bytes": int(c.get("lost_bytes") or 0),
                      "sampling_rate": sampling.get("rate", 1.0) if sampling else 1.0,
                      "closed": bool(meta.get("closed")), "meta": bool(meta),

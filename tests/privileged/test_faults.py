@@ -279,6 +279,10 @@ def test_sigterm_under_closed_loop_load_detaches_within_2s(tmp_path):
     # what the stop could not decode is counted as lost, by name, never dropped silently
     at_stop = {p: c.get("lost_at_stop", 0) for p, c in probes.items()}
     figure("lost_at_stop", at_stop)
+    # what was decoded but not matched by the stop's deadline is counted too, and said
+    unsettled = rd.meta["counters"].get("correlate_unsettled_at_stop", 0)
+    figure("unsettled_at_stop", unsettled)
+    assert (unsettled > 0) == ("correlate_unsettled_at_stop" in a.log_tail()), a.log_tail()
     consumed = rd.meta["counters"]["events_consumed"]
     for p, c in probes.items():
         if "seen" not in c:

@@ -309,3 +309,26 @@ def test_servers_whose_keys_interleave_teach_no_ranges():
     rows = [r for r in rig.close() if r["timestamp"] == 1]
     assert [r["ts_framework_ns"] for r in rows] == [None, None]
     assert all("told apart" in r["null_reasons"] for r in rows)
+
+
+@pytest.mark.parametrize("late_by_s", [0.0, 1.0])
+def test_a_stop_deadline_counts_what_is_not_matched_by_then(monkeypatch, late_by_s):
+    """A SIGTERM's stop settles and writes what it holds by a deadline: what is left then
+    is counted (unsettled_at_stop), never dropped silently; with time left, all of it."""
+    rig = Rig()
+    n = 3 * correlate.DEADLINE_EVERY
+    for ts in range(n):
+        spec = slice_(ts, [ts])
+        rig.fw(spec, ts=5_000 + ts)
+        rig.send([spec], local=WORKER_A, remote=("10.0.0.2", 9000), sk=100 + ts,
+                 isns=(ISN_C + 1000 * ts, ISN_S))
+    now = 100.0
+    monkeypatch.setattr(correlate.time, "monotonic", lambda: now)
+    rig.cor.close(deadline=now + 5 - late_by_s * 10)   # 5 s ahead, or 5 s past
+    c = rig.cor.counters
+    if late_by_s:
+        assert len(rig.rows) < n and c["unsettled_at_stop"] > 0
+        assert len(rig.rows) + c["unsettled_at_stop"] == n
+        assert c["framework_matched"] + c["framework_unsettled_at_stop"] <= n
+    else:
+        assert len(rig.rows) == n and c["unsettled_at_stop"] == 0
