@@ -12,7 +12,7 @@ demo: setup
 	$(VENV)/bin/pslat demo
 
 test: setup
-	$(PY) -m pytest -ra --durations=20 tests
+	$(PY) -m pytest -ra --durations=40 tests
 
 test-unit: setup
 	$(PY) -m pytest -ra tests/unit

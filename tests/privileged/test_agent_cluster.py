@@ -234,8 +234,9 @@ def _check_stages(msgs, metas):
     pytest.param({}, id="default"),
 ])
 def test_an_agent_started_during_the_job_finds_the_requests_issued_after(tmp_path, workload):
-    """The issue's case: the agent starts 10 s into the job and joins its connections mid-stream."""
-    msgs, _, truth, (ready_ns, _), _ = _run(tmp_path, duration_s=3.0, join_after_s=10.0, rate=100, **workload)
+    """The issue's case: the agent starts during the job (4 s in, then its compile) and joins
+    its connections mid-stream."""
+    msgs, _, truth, (ready_ns, _), _ = _run(tmp_path, duration_s=3.0, join_after_s=4.0, rate=50, **workload)
     min_found = min(0.99, MIN_FOUND_SMALL) if workload else 0.99
     # requests issued after the agent was ready and answered before the job was stopped
     t = truth[(truth.role == "worker") & (truth.t_issued_ns > ready_ns) & truth.t_completed_ns.notna()]

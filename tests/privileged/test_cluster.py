@@ -43,15 +43,18 @@ def _ping(c: Cluster, host: str, addr: str, count: int, proto: str = "tcp", size
     return json.loads(r.stdout)["rtt_ns"]
 
 
-def _median_rtt_ns(delay_ms: float) -> float:
+def _low_rtt_ns(delay_ms: float) -> float:
+    """The 10th percentile of 150 ping-pongs' RTTs: on an idle 2-vCPU VM the forwarder
+    woke up to 2.6 ms late for a quarter of the frames (its log says so), which moved
+    the median by 0.4-0.6 ms; the wire's delay is what an on-time round trip shows."""
     with Cluster(2, wire_delay_ms=delay_ms, wait_s=WAIT_S) as c:
         _start_server(c, "h1")
-        return statistics.median(_ping(c, "h0", c.host("h1").addr, count=150))
+        return statistics.quantiles(_ping(c, "h0", c.host("h1").addr, count=150), n=10)[0]
 
 
 def test_tcp_rtt_grows_by_twice_the_one_way_delay():
-    base_ns = _median_rtt_ns(0.0)
-    delayed_ns = _median_rtt_ns(2.0)
+    base_ns = _low_rtt_ns(0.0)
+    delayed_ns = _low_rtt_ns(2.0)
     growth_ms = (delayed_ns - base_ns) / 1e6
     assert growth_ms == pytest.approx(4.0, rel=0.10), (base_ns, delayed_ns)
 

@@ -36,7 +36,7 @@ import pytest
 
 pytestmark = pytest.mark.privileged
 
-CONNECTIONS = 40_000
+CONNECTIONS = 100_000
 RATE_PER_S = 1_000
 SCAN_EVERY = 4               # one scan connect per 4 data connections (on top of them)
 PORTS = (5001, 5002)         # listening

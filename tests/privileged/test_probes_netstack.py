@@ -397,8 +397,14 @@ def test_netstack_in_cluster(tmp_path):
     assert states[client_sk][:2] == [(7, 2), (2, 1)], states  # CLOSE->SYN_SENT->ESTABLISHED
     assert states[server_sk][-1][1] == 7 and states[client_sk][-1][1] == 7, states
     handshake_ms = (est[client_sk].ts_ns - syn_sent.ts_ns) / 1e6
-    print(f"handshake {handshake_ms:.3f} ms (wire {WIRE_DELAY_MS} ms each way)")
-    assert 2 * WIRE_DELAY_MS <= handshake_ms < 2 * WIRE_DELAY_MS + 1.5
+    # the wire's own time for the SYN and the SYN-ACK (its log): a forwarder woken late
+    # (2.4 ms once, on an idle 2-vCPU VM) lengthens the handshake, not the hosts' part
+    syns = wire[((wire.tcp_flags & 0x02) != 0) & ((wire.dport == port) | (wire.sport == port))]   # SYN
+    assert len(syns) == 2, syns
+    wire_ms = syns.delay_actual_ns.sum() / 1e6
+    print(f"handshake {handshake_ms:.3f} ms (wire {WIRE_DELAY_MS} ms each way; the SYN and SYN-ACK "
+          f"{wire_ms:.3f} ms on the wire)")
+    assert 2 * WIRE_DELAY_MS <= wire_ms <= handshake_ms < wire_ms + 1.5
     assert connect.ts_enter_ns <= syn_sent.ts_ns and est[client_sk].ts_ns <= connect.ts_exit_ns
     assert syn_sent.tgid == client_pid and syn_sent.flags & E.NS_CONN_F_TGID
     # The server's child became ESTABLISHED before its accept() returned, and

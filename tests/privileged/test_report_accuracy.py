@@ -256,11 +256,13 @@ def _check_clock_samples(name: str, out: Path, wire: pd.DataFrame, large: bool) 
     by the report) against the wire's log of the same frame: the handoff before the wire
     took it, the arrival after the wire let it go; and per direction, the smallest one-way
     delay close to the wire's smallest (what keeps the offset unbiased: the per-message
-    samples of large requests were 50-110 us above it). Single-segment messages get none
-    (their own times are the samples)."""
+    samples of large requests were 50-110 us above it). Single-segment messages get almost
+    none (their own times are the samples): libzmq batches the messages that queued up
+    while it sent into one segment, which can pass the size a sample needs (1 of ~1,900
+    messages once)."""
     m = matched_segments([(p.name, p) for p in sorted(out.iterdir()) if p.is_dir()])
     if not large:
-        assert len(m) == 0, f"{len(m)} clock samples from single-segment messages"
+        assert len(m) <= 10, f"{len(m)} clock samples from single-segment messages"
         return
     w = wire[(wire.payload_bytes > 0) & ~wire.dropped].sort_values("t_in_mono_ns")
     w = w.drop_duplicates(["ip_src", "sport", "ip_dst", "dport", "seq"])   # a re-sent frame: its first copy
