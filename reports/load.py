@@ -329,7 +329,12 @@ def read_host(path: Path) -> HostRun:
         problems.append(f"{path}/{META_FILE}: the agent did not close this run dir (still running, or "
                         "killed): rows of its last seconds may be missing")
     if counters.get("rows_dropped"):
-        problems.append(f"{path}: the agent dropped {counters['rows_dropped']} rows (disk full or too slow)")
+        rejected = counters.get("rows_rejected")
+        rejected = sum(v for v in rejected.values() if isinstance(v, int)) if isinstance(rejected, dict) else 0
+        why = "disk full or too slow" if not rejected else (
+            f"{rejected} with values no column could hold, the rest: disk full or too slow" if
+            rejected < counters["rows_dropped"] else "values no column could hold")
+        problems.append(f"{path}: the agent dropped {counters['rows_dropped']} rows ({why})")
     if n == 0:
         problems.append(f"{path}: host {host!r} has no messages (no traffic traced there)")
     return HostRun(host_id=host, path=path, meta=meta, table=tbl, problems=problems, rows=n)

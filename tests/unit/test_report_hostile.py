@@ -277,3 +277,21 @@ def test_agent_run_dir_reader_skips_a_fifo_shard_and_names_bad_fields(run):
     assert int(rows) > 0
     assert any("messages-000099.parquet is not a regular file (a FIFO)" in p for p in problems), problems
     assert any("counters is 'x', not an object: ignored" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("rejected, why", [
+    (None, "(disk full or too slow)"),
+    ({"messages": 5}, "(values no column could hold)"),
+    ({"messages": 2, "notes": "x"}, "(2 with values no column could hold, the rest: disk full or too slow)"),
+])
+def test_dropped_rows_are_said_with_their_reason(run, rejected, why):
+    """rows_dropped counts rows the writer refused (rows_rejected) and rows a failed write lost."""
+    from reports.load import read_host
+
+    def change(m):
+        m["counters"]["rows_dropped"] = 5
+        if rejected is not None:
+            m["counters"]["rows_rejected"] = rejected
+    _edit_meta(run, change)
+    problems = read_host(run / "ps1").problems
+    assert any(f"the agent dropped 5 rows {why}" in p for p in problems), problems
