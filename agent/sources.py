@@ -714,6 +714,8 @@ class LiveSource:
 
     def counters(self) -> dict[str, dict[str, int]]:
         out = self.program.counters() if self.program else {}
+        if "sockcalls" in out:
+            out["sockcalls"]["sync_hint_errors"] = self.hint_errors   # updates of the hint map that failed
         if self.framework is not None:
             from probes.framework import COUNTERS
             got = self.framework.counters()
