@@ -224,6 +224,8 @@ class Pipeline:
 
     def close(self, deadline: float = math.inf) -> None:
         """deadline: time.monotonic() by which the correlator is done (agent.correlate)."""
+        for wm in self.decoder.finish_closes():
+            self.correlator.on_message(wm)
         self.correlator.close(deadline)
         self.sampling.finish(self.correlator.now_ns)
         for host, w in self.writers.items():

@@ -25,6 +25,7 @@ its first and last byte (their times are stages of the message).
 from __future__ import annotations
 
 import bisect
+import math
 import socket
 import struct
 from collections import OrderedDict, deque
@@ -622,11 +623,7 @@ class StreamDecoder:
     def _upkeep(self, delivered_ns: int, now_ns: int) -> None:
         """Drops the connections closed before delivered_ns and those idle at now_ns."""
         self._next_upkeep_ns = now_ns + UPKEEP_NS
-        closing = self._closing
-        while closing and closing[0][0] <= delivered_ns:
-            _, key, conn = closing.popleft()
-            if self.conns.get(key) is conn:
-                self._drop(key, conn, "decoder_conns_closed")
+        self._apply_closes(delivered_ns)
         conns = self.conns
         idle_before = now_ns - self.idle_ns
         while conns:
@@ -635,6 +632,20 @@ class StreamDecoder:
             if conn.last_ns >= idle_before:
                 break
             self._drop(key, conn, "decoder_conns_idle_expired")
+
+    def _apply_closes(self, delivered_ns: float) -> None:
+        closing = self._closing
+        while closing and closing[0][0] <= delivered_ns:
+            _, key, conn = closing.popleft()
+            if self.conns.get(key) is conn:
+                self._drop(key, conn, "decoder_conns_closed")
+
+    def finish_closes(self) -> list[WireMessage]:
+        """At the stop, once every call has been delivered: the closes still waiting
+        for their last calls are applied (not left out of decoder_conns_closed);
+        returns the messages their parsers ended."""
+        self._apply_closes(math.inf)
+        return self._take_dropped()
 
     def _drop(self, key: tuple, conn: Conn, counter: str) -> None:
         del self.conns[key]

@@ -254,3 +254,13 @@ def test_the_rescan_forgets_processes_that_exited(monkeypatch):
     running = [5000]
     src.rescan(force=True)
     assert set(src._lib_wait) == {5000} and set(src._vsize_seen) <= {5000} and src._known_tgids <= {5000}
+
+
+def test_closes_still_settling_at_the_stop_are_counted():
+    dec = StreamDecoder()
+    got = feed(dec, conn_calls(0, 1_000_000))
+    dec.closed(NETNS, 0x1000, SERVER, 10_000_000)   # its last calls might still come: it waits
+    assert len(dec.conns) == 1
+    got += dec.finish_closes()                       # the stop: everything was delivered
+    assert dec.conns == {} and stats(dec)["decoder_conns_closed"] == 1
+    assert [w.msg.timestamp for w in got] == [0, 1]
