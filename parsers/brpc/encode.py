@@ -38,7 +38,9 @@ class RpcSpec:
     compress_type: int | None = None
     payload: bytes = b""
     attachment: bytes = b""
-    attachment_size: int | None = None  # None: len(attachment) when there is one
+    # announced size (body_size counts it, so a test can feed the bytes itself); None:
+    # len(attachment)
+    attachment_size: int | None = None
     meta_extra: bytes = b""  # raw fields appended to the meta (unknown to the parser)
 
     def meta(self) -> RpcMeta:
@@ -69,9 +71,10 @@ class RpcSpec:
 
 
 def message_bytes(spec: RpcSpec) -> bytes:
-    """Header, meta, payload, attachment."""
+    """Header, meta, payload, attachment (what of it `spec.attachment` holds)."""
     meta = spec.meta().SerializeToString() + spec.meta_extra
-    body_size = len(meta) + len(spec.payload) + len(spec.attachment)
+    attachment = spec.attachment_size if spec.attachment_size is not None else len(spec.attachment)
+    body_size = len(meta) + len(spec.payload) + attachment
     return (MAGIC + struct.pack(">II", body_size, len(meta)) + meta + spec.payload
             + spec.attachment)
 

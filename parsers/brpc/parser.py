@@ -19,12 +19,14 @@ correlation id, a known compress type and an attachment that fits
 (rpcmeta.plausible_for_hunt). A candidate whose bytes have not all come yet is kept
 undecided, but does not stop the scan: a later whole and valid one wins. The first
 good candidate is followed *tentatively*, since an attachment may hold the magic or
-a whole message: its message is held back until the next header and meta at its
-computed end pass the same test, or the stream ends or breaks exactly there (close,
-gap, unparsed). If the next header does not pass, the parser goes back to the byte
+a whole message: its message is held back until a header with the magic and sane
+sizes follows at its computed end, or the stream ends or breaks there (close, gap,
+unparsed; after at most the first bytes of such a header). If what follows is no
+header, the parser goes back to the byte
 after the candidate and hunts again over what it consumed meanwhile (a replay of up
 to `replay_max_bytes`; bytes past that are counted unparsed). So after a resync the
-first message comes out when the second one's header does.
+first message comes out when the second one's header does, and a message found
+between two runs of garbage is not believed.
 
 Every byte ends up counted once: in a message, as unparsed (seen, not understood), as
 lost (announced by `gap`), or still pending (a message or a hunting window in
@@ -323,6 +325,8 @@ class BrpcStreamParser:
         if (magic != MAGIC or not 0 < meta_size <= body_size or meta_size > self.meta_max_bytes
                 or (self._tentative and body_size > self.hunt_body_max_bytes)):
             return self._fail(bytes(hdr), hdr_abs)
+        if self._tentative and self._pending is not None:
+            self._confirm()  # a header follows where the message said it would end
         self._msg_first = hdr_abs
         self._hdr_bytes = bytes(hdr)
         self._body_size, self._meta_size = body_size, meta_size
@@ -335,8 +339,6 @@ class BrpcStreamParser:
         if (meta is None or meta.attachment_bytes > self._body_size - self._meta_size
                 or (self._tentative and not plausible_for_hunt(meta))):
             return self._fail(self._hdr_bytes + bytes(body), self._msg_first)
-        if self._tentative and self._pending is not None:
-            self._confirm()  # the next header and meta follow where the message ended
         self._begin_body(meta)
         if not self._body_left:
             self._finish(end_abs)
@@ -501,8 +503,8 @@ class BrpcStreamParser:
                 self._finish(self.offset)
             return None
         if self._tentative:
-            if st == _HEADER and not self._hdr and self._pending is not None:
-                self._confirm()  # the message ended exactly where the stream breaks
+            if self._ends_here():
+                self._confirm()
             else:
                 return self._rollback(None, 0) + [(kind, x)]
         elif st == _HUNT:
@@ -519,14 +521,21 @@ class BrpcStreamParser:
         self._start_hunt(b"", self.offset)
         return None
 
+    def _ends_here(self) -> bool:
+        """Tentative, at a break or the end: the chain's message is complete and what
+        came after it (if anything) is the start of a header: the stream breaks where
+        the message said it would end, which is evidence enough."""
+        hdr = bytes(self._hdr[:len(MAGIC)])
+        return self._state == _HEADER and self._pending is not None and MAGIC.startswith(hdr)
+
     def _on_end(self) -> list | None:
         st = self._state
         if st == _HUNT:
             found = self._hunt_scan(final=True)
             return found + [(_END, None)] if found else None
         if self._tentative:
-            if st == _HEADER and not self._hdr and self._pending is not None:
-                self._confirm()  # the message ended exactly where the stream ends
+            if self._ends_here():
+                self._confirm()
                 return None
             return self._rollback(None, 0) + [(_END, None)]
         if st == _META or (st == _HEADER and self._hdr):
