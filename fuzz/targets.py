@@ -8,6 +8,7 @@ from types import ModuleType
 # Every protocol parser and every reader of outside data adds its target here.
 TARGETS: dict[str, str] = {
     "pslite_stream": "fuzz.pslite_stream",
+    "brpc_stream": "fuzz.brpc_stream",
     "ring_records": "fuzz.ring_records",
     "pipeline_replay": "fuzz.pipeline_replay",
     "rundir_reader": "fuzz.rundir_reader",

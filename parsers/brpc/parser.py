@@ -215,37 +215,26 @@ class BrpcStreamParser:
         """Parse the next bytes of the stream; return the messages they completed."""
         mv = _as_bytes_view(data)
         self._fed += len(mv)
-        out = self._out = []
-        if len(mv):
-            self._run([(_DATA, mv)])
-        return out
+        return self._work((_DATA, mv)) if len(mv) else []
 
     def gap(self, n_bytes: int) -> list[BrpcMessage]:
         """`n_bytes` of the stream were lost (not seen). A gap inside a body the parser
         walks anyway loses nothing but the keys it held; elsewhere sync is lost."""
-        out = self._out = []
-        if n_bytes > 0:
-            self._gaps += n_bytes
-            self._run([(_GAP, n_bytes)])
-        return out
+        self._gaps += max(0, n_bytes)
+        return self._work((_GAP, n_bytes)) if n_bytes > 0 else []
 
     def unparsed(self, n_bytes: int) -> list[BrpcMessage]:
         """`n_bytes` of the stream were seen elsewhere and judged to hold no message:
-        not fed here, counted unparsed rather than lost, and a break in the stream."""
-        out = self._out = []
-        if n_bytes > 0:
-            self._gaps += n_bytes   # not fed: fed + gap bytes still add up (ParserStats)
-            self._run([(_DISCARD, (n_bytes, 0))])
-        return out
+        not fed here (so counted with the gap bytes, for the identity of ParserStats),
+        counted unparsed rather than lost, and a break in the stream."""
+        self._gaps += max(0, n_bytes)
+        return self._work((_DISCARD, (n_bytes, 0))) if n_bytes > 0 else []
 
     def close(self) -> list[BrpcMessage]:
         """End of stream: a tentative message that ended exactly here is accepted; a
         header or meta cut short is hunted over again; what is left is unparsed."""
-        out = self._out = []
-        self._run([(_END, None)])
-        self._unparsed += self.offset - self._acct
-        self._acct = self.offset
-        self._start_hunt(b"", self.offset)
+        out = self._work((_END, None))
+        self._break_off()
         return out
 
     @property
@@ -268,19 +257,22 @@ class BrpcStreamParser:
                            self._resyncs, self._desyncs)
 
     # ---------------------------------------------------------------- work loop
+    def _work(self, item) -> list[BrpcMessage]:
+        """Do one work item and what it leads to; return the messages released."""
+        out = self._out = []
+        self._run([item])
+        return out
+
     def _run(self, items: list) -> None:
-        """Process work items in order; a rollback or a find puts its items in front."""
-        items.reverse()  # a stack: pop() takes the next item
-        while items:
-            kind, x = items.pop()
-            if kind == _DATA:
-                more = self._consume(x)
-            elif kind == _END:
-                more = self._on_end()
-            else:
-                more = self._on_break(kind, x)
+        """Do the work items in order. One may hand back items that go before the rest:
+        a rollback's replay, or the hunting window from a candidate on."""
+        todo = items[::-1]   # the next item is the last one
+        while todo:
+            kind, x = todo.pop()
+            more = (self._consume(x) if kind == _DATA
+                    else self._on_end() if kind == _END else self._on_break(kind, x))
             if more:
-                items.extend(reversed(more))
+                todo += reversed(more)
 
     def _consume(self, mv: memoryview) -> list | None:
         """Parse `mv` (it starts at self.offset); return work items to run instead of
@@ -511,15 +503,17 @@ class BrpcStreamParser:
             found = self._hunt_scan(final=True)
             if found:
                 return found + [(kind, x)]
-        # whatever was in progress is unparsed; hunt after the break
-        self._unparsed += self.offset - self._acct
-        unparsed, lost = (0, x) if kind == _GAP else x
-        self._unparsed += unparsed
+        self._break_off(*((0, x) if kind == _GAP else x))
+        return None
+
+    def _break_off(self, unparsed: int = 0, lost: int = 0) -> None:
+        """Whatever is in progress (a message cut short, a hunting window) is unparsed,
+        so are the next `unparsed` bytes, then `lost` bytes are lost: hunt after them."""
+        self._unparsed += self.offset - self._acct + unparsed
         self._lost += lost
         self.offset += unparsed + lost
         self._acct = self.offset
         self._start_hunt(b"", self.offset)
-        return None
 
     def _ends_here(self) -> bool:
         """Tentative, at a break or the end: the chain's message is complete and what
