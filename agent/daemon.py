@@ -27,12 +27,13 @@ from agent.clocksamples import NS_EV_CLOCK, clock_sample_row
 from agent.clockskew import ClockSkew
 from agent.correlate import Connections, Correlator
 from agent.detach import Detacher
-from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder, _addr, sockcall_format
+from agent.decode import (FrameworkDecoder, SockcallAssembler, StreamDecoder, _addr, sockcall_format,
+                          stream_row)
 from agent.errors import UserError, say
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
 from agent.netrows import TCP_CLOSE
 from agent.priority import Priority
-from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
+from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA, STREAMS_SCHEMA
 from agent.rundir import RunDirWriter, check_out, claim_run_dir
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
 from probes.events import NsEventKind
@@ -76,7 +77,7 @@ class Pipeline:
         self.meta = meta
         self.shard_interval_s = shard_interval_s
         self.warn = warn or (lambda m: say("pslat agent", m))
-        self.decoder = StreamDecoder()
+        self.decoder = StreamDecoder(on_stream=self._emit_stream)
         self.sockcalls = SockcallAssembler(sockcall_fmt)
         self.meta.setdefault("config", {})["sockcall_format"] = sockcall_fmt
         self.framework = FrameworkDecoder()
@@ -165,6 +166,12 @@ class Pipeline:
         if self.live is not None:
             self.live.on_connection(row)
 
+    def _emit_stream(self, conn, end: str) -> None:
+        row = stream_row(conn, self.host_map.host_of(conn.netns_ino), end)
+        if row["host_id"] in self.skews:
+            self.skews[row["host_id"]].apply(row)
+        self._writer(row["host_id"]).append("streams", row)
+
     def _emit_clock_sample(self, ev) -> None:
         row = clock_sample_row(ev, self.host_map.host_of(ev.netns_ino))
         if row["host_id"] in self.skews:
@@ -186,6 +193,7 @@ class Pipeline:
             w.set_schema("messages", MESSAGES_SCHEMA)
             w.set_schema("connections", CONNECTIONS_SCHEMA)
             w.set_schema("clock_samples", CLOCK_SAMPLES_SCHEMA)
+            w.set_schema("streams", STREAMS_SCHEMA)
         return w
 
     # -- upkeep -----------------------------------------------------------------
@@ -224,7 +232,7 @@ class Pipeline:
 
     def close(self, deadline: float = math.inf) -> None:
         """deadline: time.monotonic() by which the correlator is done (agent.correlate)."""
-        for wm in self.decoder.finish_closes():
+        for wm in self.decoder.finish():
             self.correlator.on_message(wm)
         self.correlator.close(deadline)
         self.sampling.finish(self.correlator.now_ns)

@@ -53,6 +53,8 @@ HINT_INTERVAL_NS = 20_000_000
 # long (as agent/delivered.py's 100 ms: a ring's read is cut at most that far behind
 # its latest event).
 CLOSE_SETTLE_NS = 100_000_000
+SIGNATURE_BYTES = 16         # of a direction's first captured bytes, kept to tell its protocol by
+THREADS_KEPT = 8             # thread names kept per connection
 UPKEEP_NS = 100_000_000      # closes and idle connections looked at this often (call time)
 
 _SEND_CALLS = frozenset(c.value for c in SockCall if c.is_send)
@@ -486,6 +488,11 @@ class Flow:
     mid_stream: bool = False
     hinted_offset: int = -1  # stream offset of the last sync hint given
     hinted_ns: int = -(1 << 62)  # and when (hints are rate-limited per direction)
+    # what it moved, whatever the protocol (the streams table: traffic no parser recognised)
+    n_calls: int = 0
+    moved_bytes: int = 0
+    signature: bytes = b""   # its first captured bytes (SIGNATURE_BYTES at most)
+    signature_offset: int = -1   # their stream offset (0: the stream's start)
 
 
 @dataclass(slots=True)
@@ -505,6 +512,7 @@ class Conn:
     tgids: set = field(default_factory=set)
     first_ns: int = 0        # entry time of its first call seen (a close before it is another's)
     last_ns: int = 0         # exit time of its latest call (the idle expiry's clock)
+    threads: dict = field(default_factory=dict)   # tid -> thread name, THREADS_KEPT at most
 
 
 @dataclass(slots=True)
@@ -518,6 +526,29 @@ class WireMessage:
     seq_first: int
     seq_end: int
     stages: dict              # stage column -> ts_ns from the kernel's end records
+
+
+def stream_row(conn: Conn, host_id: str, end: str) -> dict:
+    """A row of the streams table (agent.records.STREAMS_SCHEMA): what the connection
+    moved each way and whether a parser recognised its protocol."""
+    flows = (("tx", conn.tx), ("rx", conn.rx))
+    recognised = next((f.parser.PROTOCOL for _, f in flows if f is not None and f.parser.recognised()), None)
+    moved = sum(f.moved_bytes for _, f in flows if f is not None)
+    row = {"host_id": host_id, "netns_ino": conn.netns_ino, "conn_id": conn.conn_id,
+           "local_ip": conn.local[0], "local_port": conn.local[1],
+           "remote_ip": conn.remote[0], "remote_port": conn.remote[1],
+           "pids": sorted(conn.tgids), "threads": sorted(set(conn.threads.values())),
+           "protocol": recognised or ("unrecognised" if moved else "none"),
+           "ts_first_ns": conn.first_ns, "ts_last_ns": conn.last_ns, "end": end}
+    for d, f in flows:
+        st = f.parser.stats() if f is not None else None
+        row[f"calls_{d}"] = f.n_calls if f is not None else 0
+        row[f"bytes_{d}"] = f.moved_bytes if f is not None else 0
+        row[f"messages_{d}"] = st.messages if st is not None else 0
+        row[f"unparsed_bytes_{d}"] = st.unparsed_bytes if st is not None else 0
+        row[f"signature_{d}"] = f.signature.hex() if f is not None else ""
+        row[f"signature_offset_{d}"] = f.signature_offset if f is not None and f.signature else None
+    return row
 
 
 def conn_id_of(local, remote, isn_local: int, isn_remote: int, known: bool) -> tuple[str, tuple]:
@@ -550,12 +581,15 @@ class StreamDecoder:
     every call, so its id is the same."""
 
     def __init__(self, key_sample_max: int = 16, on_sync_hint=None, conns_max: int = CONNS_MAX,
-                 idle_ns: int = CONN_IDLE_NS):
+                 idle_ns: int = CONN_IDLE_NS, on_stream=None):
         """on_sync_hint(sk, tx, seq, frame_index): the parser knows where a frame header
         of a direction the kernel's walker is not following will be (live: tell the
-        walker, probes.sockcalls.set_sync_hint)."""
+        walker, probes.sockcalls.set_sync_hint). on_stream(conn, end): a connection is
+        dropped (end: closed, idle_expired, evicted, reused, open_at_stop): what it
+        moved (stream_row)."""
         self.key_sample_max = key_sample_max
         self.on_sync_hint = on_sync_hint
+        self.on_stream = on_stream
         self.conns_max = conns_max
         self.idle_ns = idle_ns
         self.hints = 0
@@ -640,11 +674,15 @@ class StreamDecoder:
             if self.conns.get(key) is conn:
                 self._drop(key, conn, "decoder_conns_closed")
 
-    def finish_closes(self) -> list[WireMessage]:
+    def finish(self) -> list[WireMessage]:
         """At the stop, once every call has been delivered: the closes still waiting
-        for their last calls are applied (not left out of decoder_conns_closed);
-        returns the messages their parsers ended."""
+        for their last calls are applied (not left out of decoder_conns_closed), then
+        the connections still open are dropped (decoder_conns_open_at_stop: their
+        streams are said, their parsers ended); returns the messages the parsers ended."""
         self._apply_closes(math.inf)
+        while self.conns:
+            key = next(iter(self.conns))
+            self._drop(key, self.conns[key], "decoder_conns_open_at_stop")
         return self._take_dropped()
 
     def _drop(self, key: tuple, conn: Conn, counter: str) -> None:
@@ -661,6 +699,8 @@ class StreamDecoder:
         acc = self._closed_stats.setdefault(conn.netns_ino, {})
         _add_flow_stats(acc, conn)
         acc[counter] = acc.get(counter, 0) + 1
+        if self.on_stream is not None:
+            self.on_stream(conn, counter.removeprefix("decoder_conns_"))
 
     def _flow(self, conn: Conn, c: Call, offset_isn: int) -> tuple[Flow, int]:
         flow = conn.tx if c.tx else conn.rx
@@ -701,6 +741,8 @@ class StreamDecoder:
         if now > conn.last_ns:
             conn.last_ns = now
         conn.tgids.add(c.tgid)
+        if c.tid not in conn.threads and len(conn.threads) < THREADS_KEPT:
+            conn.threads[c.tid] = c.comm
         tx = c.tx
         flow = conn.tx if tx else conn.rx
         isn = (conn.isn_local if tx else conn.isn_remote) if conn.isn_known else 0
@@ -714,6 +756,11 @@ class StreamDecoder:
             elif off > base + (1 << 31):
                 off -= 1 << 32
         c.start_offset = off
+        flow.n_calls += 1
+        flow.moved_bytes += c.seq_bytes
+        if flow.signature_offset < 0 and c.view and type(c.view[0][1]) is bytes and c.view[0][1]:
+            flow.signature = c.view[0][1][:SIGNATURE_BYTES]
+            flow.signature_offset = off + c.view[0][0]
         parser = flow.parser
         out: list = []
         skip = flow.next_offset - off  # bytes of this call already seen (overlap)

@@ -123,6 +123,28 @@ CONNECTIONS_SCHEMA = pa.schema([
 ])
 
 
+# One row per TCP connection whose bytes the stream decoder saw, written when it
+# drops the connection (its close, idle, evicted, its socket reused) or at the stop
+# (end "open_at_stop"): what it moved each way, whatever its protocol, and whether
+# a parser recognised it ("protocol": the parser's name, "unrecognised", or "none"
+# for no bytes). Traffic no protocol recognises is said from here, never lost.
+# Both ends of a connection traced: a row on each host, the same conn_id. Bytes are
+# the TCP sequence space the calls moved: the payload, and one for a FIN read with it.
+STREAMS_SCHEMA = pa.schema([
+    ("host_id", pa.string()), ("netns_ino", pa.uint32()), ("conn_id", pa.string()),
+    ("local_ip", pa.string()), ("local_port", pa.int32()),
+    ("remote_ip", pa.string()), ("remote_port", pa.int32()),
+    ("pids", pa.list_(pa.int32())), ("threads", pa.list_(pa.string())),   # thread names seen in its calls
+    ("protocol", pa.string()),
+    ("calls_tx", pa.int64()), ("bytes_tx", pa.int64()), ("messages_tx", pa.int64()),
+    ("unparsed_bytes_tx", pa.int64()), ("signature_tx", pa.string()), ("signature_offset_tx", pa.int64()),
+    ("calls_rx", pa.int64()), ("bytes_rx", pa.int64()), ("messages_rx", pa.int64()),
+    ("unparsed_bytes_rx", pa.int64()), ("signature_rx", pa.string()), ("signature_offset_rx", pa.int64()),
+    ("ts_first_ns", _ts), ("ts_last_ns", _ts),   # its first call's entry, its latest call's exit
+    ("end", pa.string()),
+])
+
+
 # One row per segment of NS_CLOCK_MIN_BYTES or more that started a burst on a traced
 # flow (nothing else of the flow for the netstack probe's NS_CLOCK_GAP_NS before it):
 # the first segment of a large message, as its sender handed

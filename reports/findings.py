@@ -370,9 +370,32 @@ def gap_findings(m: dict) -> list[str]:
     return out
 
 
+def _size(n_bytes: int) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= k:
+            return f"{n_bytes / k:.1f} {unit}"
+    return f"{n_bytes} bytes"
+
+
+def unrecognised_findings(m: dict[str, Any]) -> list[str]:
+    """Traced connections that no protocol parser recognised: what they are, by host pair,
+    process and port (reports.unrecognised)."""
+    u = m.get("unrecognised") or {}
+    if not u.get("connections"):
+        return []
+    parts = [f"{g['connections']:,} connection{'s' if g['connections'] != 1 else ''}, {_size(g['bytes'])} "
+             f"between {' and '.join(g['hosts'])}"
+             + (f" by {', '.join(g['threads'])}" if g["threads"] else "") + f" (port {g['port']})"
+             for g in u["groups"][:3]]
+    more = len(u["groups"]) - 3 + u.get("groups_left_out", 0)
+    return [f"Traffic not recognised: {u['connections']:,} connections, {_size(u['bytes'])} that no protocol "
+            "parser understood (so no requests from them): " + "; ".join(parts)
+            + (f"; and {more} more groups" if more > 0 else "") + "."]
+
+
 def findings(m: dict[str, Any]) -> list[str]:
     out = breakdown_findings(m)
     if not out:
         out.append("No request had both its ends measured on the worker: nothing to break down.")
     return (out + concurrency_findings(m) + connection_findings(m) + skew_findings(m) + clock_findings(m)
-            + health_findings(m) + gap_findings(m))
+            + health_findings(m) + unrecognised_findings(m) + gap_findings(m))

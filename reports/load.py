@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from agent.errors import UserError
-from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
+from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA, STREAMS_SCHEMA
 from agent.rundir import META_FILE, SHARD_SUFFIX
 from agent.runmeta import TIME_LIMIT_NS, MetaError, read_meta_checked
 from agent.safefile import NotRegularFile, open_regular
@@ -44,7 +44,8 @@ SKIPPED_COLUMNS = frozenset({"key_sample", "tid", "comm", "netns_ino", "cmd", "k
 # Realtime clocks of undisciplined hosts may disagree by this much: run dirs whose
 # [start, last update] intervals are further apart than this are different runs.
 RUN_GAP_TOLERANCE_NS = 300 * 10**9
-TABLE_SCHEMAS = {TABLE: MESSAGES_SCHEMA, "connections": CONNECTIONS_SCHEMA, "clock_samples": CLOCK_SAMPLES_SCHEMA}
+TABLE_SCHEMAS = {TABLE: MESSAGES_SCHEMA, "connections": CONNECTIONS_SCHEMA, "clock_samples": CLOCK_SAMPLES_SCHEMA,
+                 "streams": STREAMS_SCHEMA}
 # Shards come from other hosts: a FIFO, a device or a huge file must not hang or exhaust the
 # report. The agent's writer holds at most 200,000 rows (agent.rundir max_buffered_rows) per
 # shard; ten times that is refused, as a footer claiming more rows than any agent writes.
@@ -336,8 +337,21 @@ def read_host(path: Path) -> HostRun:
             rejected < counters["rows_dropped"] else "values no column could hold")
         problems.append(f"{path}: the agent dropped {counters['rows_dropped']} rows ({why})")
     if n == 0:
-        problems.append(f"{path}: host {host!r} has no messages (no traffic traced there)")
+        problems.append(f"{path}: host {host!r} has no messages" + _traffic_without_messages(path, host))
     return HostRun(host_id=host, path=path, meta=meta, table=tbl, problems=problems, rows=n)
+
+
+def _traffic_without_messages(path: Path, host: str) -> str:
+    """Why a host has no messages: traced traffic that no parser recognised (the streams
+    table), or none traced."""
+    n = moved = 0
+    for t in host_shards(path, host, "streams", ["host_id", "protocol", "bytes_tx", "bytes_rx"]):
+        other = t.filter(pc.equal(t["protocol"], "unrecognised"))
+        n += other.num_rows
+        moved += (pc.sum(other["bytes_tx"]).as_py() or 0) + (pc.sum(other["bytes_rx"]).as_py() or 0)
+    if n:
+        return f" it understood: {n:,} connections with {moved:,} bytes traced there, protocol not recognised"
+    return " (no traffic traced there)"
 
 
 def _interval(meta: dict) -> tuple[int, int] | None:

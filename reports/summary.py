@@ -13,6 +13,7 @@ import pandas as pd
 
 from reports import components as C
 from reports.dissect import Dissection
+from reports.unrecognised import unrecognised
 
 STAT_KEYS = ("mean", "p50", "p90", "p99")
 CONTRACT_GROUPS = ("host", "nic", "wire")     # always present (null when no request had one)
@@ -144,15 +145,20 @@ def scaled(s: dict[str, Any], rate: float | None) -> dict[str, Any]:
     return s
 
 
-def summary(d: Dissection) -> dict[str, Any]:
+def summary(d: Dissection, other: dict[str, Any] | None = None) -> dict[str, Any]:
+    """other: reports.unrecognised of d's run dirs, when the caller has it already."""
     done = d.complete
     ops = sorted(done["op"].dropna().unique(), key=lambda o: (o not in ("pull", "push"), o))
     by_op = {op: np.flatnonzero((done["op"] == op).to_numpy(dtype=bool, na_value=False)) for op in ops}
+    other = unrecognised(d.dirs) if other is None else other
     return scaled({
         "requests": int(d.stats.requests),
         "unmatched": {"requests_without_response": int(d.stats.requests_without_response),
                       "messages_without_request": int(d.stats.messages_without_request),
-                      "messages_unparsed": int(d.stats.messages_unparsed)},
+                      "messages_unparsed": int(d.stats.messages_unparsed),
+                      # traced connections that no protocol parser recognised (reports.unrecognised)
+                      "connections_unrecognised": other["connections"],
+                      "bytes_unrecognised": other["bytes"]},
         "hosts": list(d.hosts),
         "clock": {m.key: m.to_json() for m in d.clocks.values()},
         "by_op": {op: op_summary(Columns(done, by_op[op])) for op in ops},

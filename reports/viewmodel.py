@@ -23,6 +23,7 @@ from reports.connmgmt import connection_management
 from reports.extra import RunContext, request_times_ref
 from reports.skew import key_skew
 from reports.summary import Columns, summary
+from reports.unrecognised import unrecognised
 
 # quantiles of the CDFs: every percent, then the tail
 CDF_Q = np.concatenate([np.linspace(0, 0.99, 100), [0.995, 0.999, 0.9999, 1.0]])
@@ -204,8 +205,10 @@ def build_model(d, run_dirs: list[Path] | None) -> dict[str, Any]:
     ctx = RunContext.open(run_dirs, d)
     done = d.complete
     start_ref, _ = request_times_ref(done, ctx.timeline) if len(done) else (np.zeros(0, np.int64), None)
+    other = unrecognised(d.dirs)
     m: dict[str, Any] = {
-        "summary": summary(d),
+        "summary": summary(d, other),
+        "unrecognised": other,
         "hosts": list(d.hosts),
         "timeline": {"ref": ctx.timeline.ref, "unaligned": ctx.timeline.unaligned},
         "breakdown": breakdown(done),

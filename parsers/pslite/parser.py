@@ -81,6 +81,7 @@ class PsliteStreamParser(ResyncMixin):
     mid_stream: the first byte fed is not the connection's first byte (start hunting).
     start_offset: stream offset of the first byte fed (message offsets count from it).
     """
+    PROTOCOL = "pslite"
 
     def __init__(self, *, mid_stream: bool = False, start_offset: int = 0,
                  meta_max_bytes: int = 65536, key_sample_max: int = 16,
@@ -227,6 +228,10 @@ class PsliteStreamParser(ResyncMixin):
     def synced(self) -> bool:
         """In sync and confirmed (not hunting, not following a tentative chain)."""
         return self._state not in (_HUNT, _OPAQUE) and not self._tentative
+
+    def recognised(self) -> bool:
+        """The stream spoke this protocol: a greeting, a command or a message was parsed."""
+        return self._messages > 0 or self._hs_bytes > 0
 
     def stats(self) -> ParserStats:
         # while tentative, what the chain consumed is pending: count from the snapshot

@@ -170,8 +170,11 @@ def test_agent_rss_flat_under_connection_churn_and_a_port_scan(tmp_path, netns):
     failed = int(done.split()[3])
     assert failed < CONNECTIONS // 100, done
     half = samples[len(samples) // 2:]
-    mid = sum(r for _, r in half[:5]) / 5
-    end = sum(r for _, r in half[-5:]) / 5
+    # the floor of each end of the second half: the RSS is a saw-tooth of the rows buffered
+    # between shard flushes (2 s: 416 -> 428 MB -> 416 at 1,000 rows/s), which is bounded;
+    # what a leak keeps raises the floor (by 68 MB over the second half before the caps)
+    mid = min(r for _, r in half[:10])
+    end = min(r for _, r in half[-10:])
     growth = end - mid
     assert growth < GROWTH_MAX_BYTES, (
         f"agent RSS grew by {growth / 2**20:.1f} MB over the second half ({mid / 2**20:.0f} -> "
@@ -179,7 +182,8 @@ def test_agent_rss_flat_under_connection_churn_and_a_port_scan(tmp_path, netns):
 
     # the churn was traced: the decoder saw the data connections and dropped them at
     # their close (a close event the full ring lost leaves its connection to the cap)
-    c = read_run_dir(tmp_path / "agent" / netns).meta["counters"]
+    rd = read_run_dir(tmp_path / "agent" / netns)
+    c = rd.meta["counters"]
     ns = c["probes"]["netstack"]
     print({k: v for k, v in c.items() if k.endswith(("_closed", "_evicted", "_expired", "_reused"))
            or k in ("connections", "events_consumed")}, "netstack", ns)
@@ -187,6 +191,20 @@ def test_agent_rss_flat_under_connection_churn_and_a_port_scan(tmp_path, netns):
     assert c.get("connections", 0) >= CONNECTIONS * 0.5, (c, log[-2000:])
     assert c.get("decoder_conns_closed", 0) >= 0.8 * c["connections"] * delivered, c
     assert c.get("connection_rows_evicted", 0) <= c["connections"] * (1 - delivered) + 100, c
+
+    # every connection the decoder let go is a row of the streams table; ping/pong is no
+    # protocol pslat knows: said as unrecognised, with what it moved (5 bytes each way)
+    s = rd.tables["streams"]
+    dropped = sum(c.get(f"decoder_conns_{why}", 0) for why in ("closed", "idle_expired", "evicted", "reused",
+                                                                "open_at_stop"))
+    assert len(s) == dropped, (len(s), c)
+    assert set(s.protocol) <= {"unrecognised", "none"}, s.protocol.value_counts()
+    whole = s[(s.calls_tx == 1) & (s.calls_rx == 1)]
+    assert len(whole) >= 0.5 * CONNECTIONS * delivered, (len(whole), len(s))
+    client = whole.remote_port.isin(PORTS)
+    # bytes are sequence space: the server's FIN, read with the pong, counts one
+    assert ((whole.bytes_tx == len(PING)) & whole.bytes_rx.isin((len(PONG), len(PONG) + 1)))[client].all()
+    assert ((whole.bytes_tx == len(PONG)) & (whole.bytes_rx == len(PING)))[~client].all()
 
 
 if __name__ == "__main__":

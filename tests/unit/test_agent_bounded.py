@@ -261,6 +261,6 @@ def test_closes_still_settling_at_the_stop_are_counted():
     got = feed(dec, conn_calls(0, 1_000_000))
     dec.closed(NETNS, 0x1000, SERVER, 10_000_000)   # its last calls might still come: it waits
     assert len(dec.conns) == 1
-    got += dec.finish_closes()                       # the stop: everything was delivered
+    got += dec.finish()                              # the stop: everything was delivered
     assert dec.conns == {} and stats(dec)["decoder_conns_closed"] == 1
     assert [w.msg.timestamp for w in got] == [0, 1]

@@ -88,7 +88,7 @@ def test_the_replayed_run_dir_is_fsynced_file_and_directory(tmp_path):
     synced = [i for i, c in enumerate(calls) if c.startswith("fsync(")]
     renames = [i for i, c in enumerate(calls) if c.startswith("rename")]
     done = {p.name for p in run_dir.iterdir()}
-    assert done == {"meta.json", "messages-000000.parquet"}, done
+    assert done == {"meta.json", "messages-000000.parquet", "streams-000001.parquet"}, done
     for name in done:
         tmp = f"{run_dir}/.{name}.tmp"
         last = max(i for i in renames if f'"{tmp}", "{run_dir}/{name}"' in calls[i])

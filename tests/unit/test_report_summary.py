@@ -34,7 +34,8 @@ def check_contract(s: dict) -> None:
     """Fails on anything the contract does not allow."""
     assert {"requests", "unmatched", "hosts", "clock", "by_op"} <= set(s)
     assert isinstance(s["requests"], int) and s["requests"] >= 0
-    assert set(s["unmatched"]) == {"requests_without_response", "messages_without_request", "messages_unparsed"}
+    assert set(s["unmatched"]) == {"requests_without_response", "messages_without_request", "messages_unparsed",
+                                   "connections_unrecognised", "bytes_unrecognised"}
     assert all(isinstance(v, int) and v >= 0 for v in s["unmatched"].values())
     assert isinstance(s["hosts"], list) and all(isinstance(h, str) for h in s["hosts"])
     for key, c in s["clock"].items():
