@@ -70,8 +70,8 @@ import numpy as np
 
 from agent.bounded import CONNS_MAX, put_newest, touch
 from agent.decode import WireMessage
-from agent.netrows import (HOLD_NS, NS_TXC_FORWARDED, R_NOT_LOADED, R_NOT_TIMED,  # noqa: F401 (re-exported)
-                           Connections, TxTimes, sock_wait_split, window_split)
+from agent.netrows import (HOLD_NS, NS_TXC_FORWARDED, R_DATA_READY_LATE, R_NOT_LOADED,  # noqa: F401 (re-exported)
+                           R_NOT_TIMED, Connections, TxTimes, sock_wait_split, window_split)
 from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage, op_name
 from parsers.pslite.keysample import key_hash
 from parsers.pslite.message import Kind, Op
@@ -636,6 +636,13 @@ class Correlator:
                 v = row[col] = stages.get(col)
                 if v is None:
                     reasons[col] = stages.get(null_key, kernel_reason)
+            dr, done = row.get("ts_data_ready_ns"), row["ts_recv_last_exit_ns"]
+            if dr is not None and done is not None and dr > done:
+                # a later segment's data-ready: the byte's own segment arrived 5 ms before
+                # the recv, the record on file came 10 us after it (once, in a 2 ms-wire run
+                # with reconnects; the segment also held the next message's start)
+                row["ts_data_ready_ns"] = None
+                reasons["ts_data_ready_ns"] = R_DATA_READY_LATE
         call = last or first
         row.update({
             "host_id": self.host_of(conn.netns_ino),

@@ -585,8 +585,8 @@ class StreamDecoder:
         """on_sync_hint(sk, tx, seq, frame_index): the parser knows where a frame header
         of a direction the kernel's walker is not following will be (live: tell the
         walker, probes.sockcalls.set_sync_hint). on_stream(conn, end): a connection is
-        dropped (end: closed, idle_expired, evicted, reused, open_at_stop): what it
-        moved (stream_row)."""
+        dropped (end: closed, idle_expired, evicted, reused) or still open at the stop
+        (open_at_stop): what it moved (stream_row)."""
         self.key_sample_max = key_sample_max
         self.on_sync_hint = on_sync_hint
         self.on_stream = on_stream
@@ -676,13 +676,15 @@ class StreamDecoder:
 
     def finish(self) -> list[WireMessage]:
         """At the stop, once every call has been delivered: the closes still waiting
-        for their last calls are applied (not left out of decoder_conns_closed), then
-        the connections still open are dropped (decoder_conns_open_at_stop: their
-        streams are said, their parsers ended); returns the messages the parsers ended."""
+        for their last calls are applied (not left out of decoder_conns_closed), and the
+        streams of the connections still open are said (end "open_at_stop"). Their
+        parsers are left as they are: a chain still tentative after a mid-stream join
+        is not believed without its confirmation. Returns the messages the closed
+        connections' parsers ended."""
         self._apply_closes(math.inf)
-        while self.conns:
-            key = next(iter(self.conns))
-            self._drop(key, self.conns[key], "decoder_conns_open_at_stop")
+        if self.on_stream is not None:
+            for conn in self.conns.values():
+                self.on_stream(conn, "open_at_stop")
         return self._take_dropped()
 
     def _drop(self, key: tuple, conn: Conn, counter: str) -> None:

@@ -32,6 +32,7 @@ ESTABLISHED_KEEP_NS = 2 * HOLD_NS
 
 R_NOT_TIMED = "the kernel probes gave no time for this message end"
 R_NOT_LOADED = "netstack probe not loaded"
+R_DATA_READY_LATE = "the data-ready on record came after the recv that took the byte (a later segment's)"
 
 # ---------------------------------------------------------------- send-side stage times
 

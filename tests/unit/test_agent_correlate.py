@@ -332,3 +332,26 @@ def test_a_stop_deadline_counts_what_is_not_matched_by_then(monkeypatch, late_by
         assert c["framework_matched"] + c["framework_unsettled_at_stop"] <= n
     else:
         assert len(rig.rows) == n and c["unsettled_at_stop"] == 0
+
+
+
+@pytest.mark.parametrize("after_ns", [-5_000_000, 10_000])
+def test_a_data_ready_after_the_recv_that_took_the_byte_is_not_the_messages(after_ns):
+    """Stage order is causal: a data-ready on record after the receive's exit belongs to a
+    later segment (the wire2ms-large-reconnect10 case once gave one 10 us after the recv,
+    5 ms after the byte's own segment); the row leaves it null with the reason."""
+    from agent.netrows import R_DATA_READY_LATE
+
+    rig = Rig(netstack=True)
+    data, _ = encode_stream([slice_(1, [1, 2])], identity=b"ps9", handshake=True)
+    r = record(False, ISN_S + 1, len(data), data[:256], ts=10_000, local=WORKER_A, remote=SERVER, sk=1)
+    [wm] = rig.dec.feed(rig.asm.feed(r))
+    exit_ns = wm.last_call.exit_ts_ns
+    wm.stages = {"ts_nic_rx_last_ns": exit_ns - 6_000_000, "ts_netif_rx_last_ns": exit_ns - 5_999_000,
+                 "ts_data_ready_ns": exit_ns + after_ns}
+    rig.cor.on_message(wm)
+    [row] = rig.close()
+    if after_ns > 0:
+        assert row["ts_data_ready_ns"] is None and f"ts_data_ready_ns={R_DATA_READY_LATE}" in row["null_reasons"]
+    else:
+        assert row["ts_data_ready_ns"] == exit_ns + after_ns
