@@ -1,0 +1,69 @@
+"""The PaddlePaddle venv (paddlepaddle==3.0.0, protobuf<6): where the real brpc parameter
+server comes from.
+
+Paddle lives in a venv of its own (its numpy and protobuf pins are not pslat's), made by
+scripts/setup_paddle.sh; `ensure_venv` makes it on first use with the same commands if
+it is missing. Why these pins: see scripts/setup_paddle.sh.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from agent.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+# Same default and override as scripts/setup_paddle.sh.
+VENV_DIR = Path(os.environ.get("PSLAT_PADDLE_VENV", ROOT / ".venv-paddle"))
+PACKAGES = ("paddlepaddle==3.0.0", "protobuf<6")
+# setup_paddle.sh writes this line into the venv's .pslat-stamp once pip succeeded.
+STAMP = " ".join(PACKAGES)
+SYS_PYTHON = "/usr/bin/python3"
+# A fresh install (download included) took 105 s here; leave room for a slow mirror.
+PIP_TIMEOUT_S = 900.0
+
+
+def venv_python(venv: Path = VENV_DIR) -> Path:
+    return venv / "bin" / "python"
+
+
+def venv_ready(venv: Path = VENV_DIR) -> bool:
+    stamp = venv / ".pslat-stamp"
+    return (venv_python(venv).exists() and stamp.exists()
+            and stamp.read_text().strip() == STAMP)
+
+
+def ensure_venv(venv: Path = VENV_DIR, create: bool = True) -> Path:
+    """The Paddle venv's python; creates the venv first if it is missing and create is true."""
+    if venv_ready(venv):
+        return venv_python(venv)
+    if not create:
+        raise UserError(f"the Paddle venv {venv} is missing or incomplete; run `make setup` "
+                        "(or scripts/setup_paddle.sh)")
+    cmds = [[SYS_PYTHON, "-m", "venv", str(venv)],
+            [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+             "--only-binary=:all:", *PACKAGES]]
+    for cmd in cmds:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise UserError(f"cannot create the Paddle venv {venv} ({e}); run `make setup`") from e
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise UserError(f"cannot create the Paddle venv {venv}: `{' '.join(cmd)}` failed: "
+                            f"{' | '.join(tail)}; run `make setup`")
+    (venv / ".pslat-stamp").write_text(STAMP + "\n")
+    return venv_python(venv)
+
+
+def paddle_libraries(venv: Path = VENV_DIR) -> list[Path]:
+    """Paddle's own shared libraries in the venv (libpaddle.so, where brpc is linked in,
+    and libs/*.so): the files a framework-boundary uprobe would attach to."""
+    site = sorted(venv.glob("lib/python3*/site-packages/paddle"))
+    if not site:
+        raise UserError(f"no paddle package under {venv}; run `make setup`")
+    libs = sorted(site[0].glob("base/*.so")) + sorted(site[0].glob("libs/*.so*"))
+    if not libs:
+        raise UserError(f"no shared library under {site[0]}; reinstall with `make setup`")
+    return libs
