@@ -7,11 +7,14 @@ it is missing. Why these pins: see scripts/setup_paddle.sh.
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
 
 from agent.errors import UserError
+# nm/c++filt readers shared with ps-lite's uprobe points
+from workloads.mxnet.venv import UprobePoint, _demangle, _dynamic_symbols
 
 ROOT = Path(__file__).resolve().parents[2]
 # Same default and override as scripts/setup_paddle.sh.
@@ -67,3 +70,36 @@ def paddle_libraries(venv: Path = VENV_DIR) -> list[Path]:
     if not libs:
         raise UserError(f"no shared library under {site[0]}; reinstall with `make setup`")
     return libs
+
+
+def libpaddle_path(venv: Path = VENV_DIR) -> Path:
+    """libpaddle.so inside the Paddle venv: brpc is linked into it (the uprobes' file)."""
+    found = [p for p in paddle_libraries(venv) if p.name == "libpaddle.so"]
+    if not found:
+        raise UserError(f"no libpaddle.so under {venv}; run `make setup` to (re)create it")
+    return found[0]
+
+
+# The baidu_std layer of brpc inside libpaddle.so, one call per message, each with the
+# wire's correlation id in reach (docs/paddle.md, "The framework boundary").
+BRPC_FUNCTIONS = ("brpc::policy::PackRpcRequest", "brpc::Controller::OnVersionedRPCReturned",
+                  "brpc::policy::ProcessRpcRequest", "brpc::policy::SendRpcResponse")
+
+
+@functools.lru_cache(maxsize=4)
+def brpc_uprobe_points(lib: Path | None = None) -> dict[str, UprobePoint]:
+    """The exported BRPC_FUNCTIONS of libpaddle.so, by demangled function name (nm -D:
+    the library is read, never loaded). UserError if one is not exported."""
+    lib = lib or libpaddle_path()
+    candidates = [(v, t, n) for v, t, n in _dynamic_symbols(lib)
+                  if t in ("T", "W") and n.startswith(("_ZN4brpc6policy", "_ZN4brpc10Controller"))]
+    points: dict[str, UprobePoint] = {}
+    for (value, _type, name), sig in zip(candidates, _demangle([n for _, _, n in candidates])):
+        function = sig.split("(", 1)[0]
+        if function in BRPC_FUNCTIONS:
+            points[function] = UprobePoint(function, name, sig, value)
+    missing = [f for f in BRPC_FUNCTIONS if f not in points]
+    if missing:
+        raise UserError(f"{lib} does not export {', '.join(missing)}; the brpc uprobes need "
+                        "paddlepaddle==3.0.0 from PyPI: run `make setup`")
+    return points
