@@ -550,12 +550,12 @@ class LiveSource:
         install = getattr(sockcalls, "install_walker", None)
         if install is None:
             return
-        try:   # the ZMTP walker runs as tail calls the loader fills in
+        try:   # the walker runs as tail calls the loader fills in
             install(program)
         except Exception as e:
             # calls are still traced, with a raw prefix each: say so, go on
             self.walker_error = str(e)
-            self.warn(f"the ZMTP walker's programs did not all load ({e}): calls it cannot "
+            self.warn(f"the walker's programs did not all load ({e}): calls it cannot "
                       "walk carry a payload prefix only, message ends may have no kernel times")
 
     def config(self) -> dict:

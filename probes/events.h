@@ -40,18 +40,18 @@ enum sockcall_call {
 enum sockcall_counter {
 	SOCKCALL_COUNTER_EAGAIN = PSLAT_COUNTER_FIRST_EXTRA, /* calls that returned -EAGAIN: counted, not emitted */
 	SOCKCALL_COUNTER_INFLIGHT_FULL = PSLAT_COUNTER_FIRST_EXTRA + 1, /* entries dropped: in-flight table full */
-	SOCKCALL_COUNTER_WALK_BYTES = PSLAT_COUNTER_FIRST_EXTRA + 2,    /* bytes the ZMTP walker followed */
+	SOCKCALL_COUNTER_WALK_BYTES = PSLAT_COUNTER_FIRST_EXTRA + 2,    /* bytes the walker followed */
 	SOCKCALL_COUNTER_FRAMES = PSLAT_COUNTER_FIRST_EXTRA + 3,        /* frame headers it read */
 	SOCKCALL_COUNTER_MESSAGES = PSLAT_COUNTER_FIRST_EXTRA + 4,      /* message ends it saw */
 	SOCKCALL_COUNTER_DESYNCS = PSLAT_COUNTER_FIRST_EXTRA + 5,       /* impossible frame headers: the connection went unsynced */
 	SOCKCALL_COUNTER_KEY_SAMPLES = PSLAT_COUNTER_FIRST_EXTRA + 6,   /* keys copied out as samples */
 	SOCKCALL_COUNTER_TRUNCATED = PSLAT_COUNTER_FIRST_EXTRA + 7,     /* meta/command frames longer than their copy bound */
-	SOCKCALL_COUNTER_NOT_ZMTP = PSLAT_COUNTER_FIRST_EXTRA + 8,      /* connections whose first bytes are no ZMTP 3 greeting */
+	SOCKCALL_COUNTER_NOT_ZMTP = PSLAT_COUNTER_FIRST_EXTRA + 8,      /* connections whose first bytes are not their framing's (ZMTP: no ZMTP 3 greeting) */
 	SOCKCALL_COUNTER_STREAM_GAPS = PSLAT_COUNTER_FIRST_EXTRA + 9,   /* walked connections whose next call did not start where the last ended */
 	SOCKCALL_COUNTER_WALK_ABORTED = PSLAT_COUNTER_FIRST_EXTRA + 10, /* walks given up: frame budget, iovecs, faults, no walker program */
 	SOCKCALL_COUNTER_HINTS_APPLIED = PSLAT_COUNTER_FIRST_EXTRA + 11, /* sync hints that started a walk */
 	SOCKCALL_COUNTER_HINTS_STALE = PSLAT_COUNTER_FIRST_EXTRA + 12,  /* sync hints the stream had already passed */
-	SOCKCALL_COUNTER_SELF_SYNCS = PSLAT_COUNTER_FIRST_EXTRA + 13,   /* unsynced connections the walker synced by itself (zmtp_walk.bpf.h, self-sync) */
+	SOCKCALL_COUNTER_SELF_SYNCS = PSLAT_COUNTER_FIRST_EXTRA + 13,   /* unsynced connections the walker synced by itself (walk_engine.bpf.h, self-sync) */
 	SOCKCALL_COUNTER_WALK_BUDGET = PSLAT_COUNTER_FIRST_EXTRA + 14,  /* calls with more frames than the walker's step budget: the rest unwalked */
 	SOCKCALL_COUNTER_HUNTED_BYTES = PSLAT_COUNTER_FIRST_EXTRA + 15, /* unsynced bytes the walker searched for a frame chain and rejected */
 	/* Entries made in and removed from the per-connection LRU maps: what a
@@ -62,6 +62,14 @@ enum sockcall_counter {
 	SOCKCALL_COUNTER_WALKS_REMOVED = PSLAT_COUNTER_FIRST_EXTRA + 19,
 	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 20,
 };
+#define SOCKCALL_COUNTER_NOT_PROTOCOL SOCKCALL_COUNTER_NOT_ZMTP /* the engine's name for it */
+
+/* The walker's framings (probes/framings.bpf.h): which protocol a direction
+ * of a connection is walked as. Values are stable: they go into recorded
+ * files (WALK_START's detail). */
+#define SOCKCALL_PROTO_NONE 0 /* not walked (a WALK_START written before protocols were said: ZMTP) */
+#define SOCKCALL_PROTO_ZMTP 1 /* ZMTP 3 (ps-lite): probes/zmtp_framing.bpf.h */
+#define SOCKCALL_PROTO_MAX  1
 
 /* flags */
 #define SOCKCALL_F_ISN_EXACT    0x01 /* ISNs taken when the connection became ESTABLISHED */
@@ -107,7 +115,7 @@ struct sockcall_event {
 	__u8  payload[SOCKCALL_PAYLOAD_MAX]; /* items (struct sockcall_item + body), in call order */
 };
 
-/* ---- sockcalls: what the ZMTP walker says about the bytes of a call ------
+/* ---- sockcalls: what the walker says about the bytes of a call ------------
  *
  * payload[] is a sequence of items, each a struct sockcall_item followed by
  * `len` bytes (not padded). `call_off` counts bytes from the call's first
@@ -130,21 +138,24 @@ enum sockcall_item_kind {
 
 /* BYTES items: what the bytes are (OR-ed when adjacent pieces merged). */
 #define SOCKCALL_BYTES_PREFIX   0x01 /* the call's first bytes, not walked (unsynced connection) */
-#define SOCKCALL_BYTES_GREETING 0x02 /* ZMTP greeting */
+#define SOCKCALL_BYTES_GREETING 0x02 /* the connection's preface (ZMTP: its greeting) */
 #define SOCKCALL_BYTES_HEADER   0x04 /* frame header(s) (a header may be split across calls) */
-#define SOCKCALL_BYTES_BODY     0x08 /* a meta (frame 0) or command frame body, up to its copy bound */
+#define SOCKCALL_BYTES_BODY     0x08 /* a body the framing copies, up to its copy bound (ZMTP: meta (frame 0) or command frame) */
 #define SOCKCALL_BYTES_RAW      0x10 /* bytes right after WALK_END, for user space to hunt in */
 
 /* WALK_START how */
-#define SOCKCALL_WALK_GREETING  1 /* the connection's first byte: synced from the greeting */
+#define SOCKCALL_WALK_GREETING  1 /* the connection's first byte: synced from its preface (ZMTP: the greeting) */
+#define SOCKCALL_WALK_FIRST_BYTE SOCKCALL_WALK_GREETING /* the engine's name for it */
 #define SOCKCALL_WALK_CONTINUE  2 /* the walk of the previous call goes on */
 #define SOCKCALL_WALK_HINT      3 /* a sync hint from user space placed a frame header here */
-#define SOCKCALL_WALK_SELF      4 /* unsynced: the walker found sync by itself (zmtp_walk.bpf.h, self-sync:
-                                   * a chain of ps-lite frames from a meta header; user space may still disagree) */
+#define SOCKCALL_WALK_SELF      4 /* unsynced: the walker found sync by itself (walk_engine.bpf.h, self-sync:
+                                   * a chain of frames from a framing's candidate, for ZMTP a ps-lite meta header;
+                                   * user space may still disagree) */
 
 /* WALK_END reasons */
-#define SOCKCALL_STOP_NOT_ZMTP    1 /* the first bytes are no ZMTP 3 greeting */
-#define SOCKCALL_STOP_OPAQUE      2 /* a greeting whose mechanism encrypts frames (CURVE) */
+#define SOCKCALL_STOP_NOT_ZMTP    1 /* the first bytes are not the framing's (ZMTP: no ZMTP 3 greeting) */
+#define SOCKCALL_STOP_NOT_PROTOCOL SOCKCALL_STOP_NOT_ZMTP /* the engine's name for it */
+#define SOCKCALL_STOP_OPAQUE      2 /* a preface that says the frames are encrypted (ZMTP: the CURVE mechanism) */
 #define SOCKCALL_STOP_BAD_FLAGS   3 /* a header with reserved flag bits (detail: the flags) */
 #define SOCKCALL_STOP_BAD_SIZE    4 /* a frame longer than 2^SOCKCALLS_FRAME_MAX_BITS */
 #define SOCKCALL_STOP_BAD_COMMAND 5 /* a command with MORE, inside a message, or too long */
@@ -153,6 +164,10 @@ enum sockcall_item_kind {
 #define SOCKCALL_STOP_IOV         8 /* bytes beyond the iovecs the walker reads */
 #define SOCKCALL_STOP_FAULT       9 /* the user buffer could not be read */
 #define SOCKCALL_STOP_NO_WALKER  10 /* the walker program was not installed yet */
+/* Reasons that mean the bytes are no header the framing accepts there: the
+ * stream lost sync (counted desyncs; the walker hunts in the rest of the call). */
+#define SOCKCALL_STOP_DESYNC(r) \
+	((r) == SOCKCALL_STOP_BAD_FLAGS || (r) == SOCKCALL_STOP_BAD_SIZE || (r) == SOCKCALL_STOP_BAD_COMMAND)
 
 struct sockcall_item {
 	__u8  kind;          /* enum sockcall_item_kind */
@@ -164,8 +179,9 @@ struct sockcall_item {
 struct sockcall_walk_mark {
 	__u32 frame_idx;     /* WALK_START: index in its message of the frame the walk is in */
 	__u8  how;           /* WALK_START: SOCKCALL_WALK_*; WALK_END: SOCKCALL_STOP_* */
-	__u8  phase;         /* the walker's phase there (sockcalls.bpf.c enum zw_phase) */
-	__u16 detail;        /* WALK_END BAD_FLAGS: the flags byte */
+	__u8  phase;         /* the walker's phase there (walk_engine.bpf.h enum wk_phase) */
+	__u16 detail;        /* WALK_START: the framing walked from here on (SOCKCALL_PROTO_*);
+	                      * WALK_END BAD_FLAGS and BAD_COMMAND: the flags byte */
 };
 
 struct sockcall_hunted {

@@ -83,6 +83,13 @@ SOCKCALL_BYTES_BODY = 0x08
 SOCKCALL_BYTES_RAW = 0x10
 
 
+class WalkProtocol(enum.IntEnum):
+    """SOCKCALL_PROTO_*: the framing the walker follows a direction with (WALK_START's detail)."""
+
+    NONE = 0  # a WALK_START written before the walker said protocols (it was ZMTP)
+    ZMTP = 1
+
+
 class WalkStart(enum.IntEnum):
     """SOCKCALL_WALK_*: why the walker follows frames from a WALK_START on."""
 
@@ -267,7 +274,7 @@ class SockcallEvent(ctypes.Structure):
         return (self.local_addr, self.sport, self.remote_addr, self.dport, self.isn_local, self.isn_remote)
 
     def items(self) -> list[tuple[SockcallItem, bytes]]:
-        """payload[] decoded into its items (events.h: what the ZMTP walker says)."""
+        """payload[] decoded into its items (events.h: what the walker says)."""
         return decode_items(self.payload_data)
 
     @property

@@ -23,11 +23,12 @@
  *    derived ISN wrong; flags tell the two kinds apart, and isn_remote seen
  *    by the peer's agent (always exact) can overrule a derived isn_local.
  *
- * Payload: the ZMTP frame walker (zmtp_walk.bpf.h) follows the frames in the
- * bytes each call moved and emits only what user space needs (frame headers,
- * meta and command frames, a key sample, message ends) as items after the
- * event's header. Connections it cannot follow (joined mid-stream and not
- * yet hinted, or not ZMTP) carry a raw prefix of each call instead. For each
+ * Payload: the stream walker (walk_engine.bpf.h, with a framing per protocol:
+ * framings.bpf.h) follows the frames in the bytes each call moved and emits
+ * only what user space needs (frame headers, meta and command frames, a key
+ * sample, message ends) as items after the event's header. Connections it
+ * cannot follow (joined mid-stream and not yet hinted, or not a protocol it
+ * has a framing for) carry a raw prefix of each call instead. For each
  * message end it asks the netstack probe's rings (rings.bpf.h) for the
  * stage times (receives) or registers the end (sends).
  *
@@ -36,8 +37,8 @@
  * the in-flight slot, the netstack tracking and the whole exit (walker,
  * ring): only counted. The pair's hash is cached with the connection.
  */
-/* the walker; it includes rings.bpf.h (the netstack probe's API) */
-#include "zmtp_walk.bpf.h"
+/* the walker and its framings; the engine includes rings.bpf.h (the netstack probe's API) */
+#include "framings.bpf.h"
 #include "common.bpf.h"
 
 #define EAGAIN_ 11
@@ -130,11 +131,11 @@ int sc_conn_state(void *ctx)
 	} else if (newstate == TCP_CLOSE_) {
 		if (sockcalls_conns.delete(&sk) == 0)
 			sc_count(SOCKCALL_COUNTER_CONNS_REMOVED);
-		struct zw_key k = {.sk = sk, .dir = ZW_DIR_TX};
+		struct wk_key k = {.sk = sk, .dir = WK_DIR_TX};
 		if (sockcalls_walk.delete(&k) == 0)
 			sc_count(SOCKCALL_COUNTER_WALKS_REMOVED);
 		sockcalls_sync_hint.delete(&k);
-		k.dir = ZW_DIR_RX;
+		k.dir = WK_DIR_RX;
 		if (sockcalls_walk.delete(&k) == 0)
 			sc_count(SOCKCALL_COUNTER_WALKS_REMOVED);
 		sockcalls_sync_hint.delete(&k);
@@ -324,7 +325,7 @@ int sc_exit(void *ctx)
 		sc_count(SOCKCALL_COUNTER_EAGAIN);
 		return 0;
 	}
-	struct zw_scratch *s = zw_scratch();
+	struct wk_scratch *s = wk_scratch();
 	if (!s)
 		return 0;
 	struct sockcall_event *ev = &s->ev;
@@ -355,113 +356,15 @@ int sc_exit(void *ctx)
 	if (!send && ret > 0 && moved == (u64)ret + 1)
 		moved = (u64)ret;
 	if (ret <= 0 || moved != (u64)ret) {
-		zw_emit(s, 0);
+		wk_emit(s, 0);
 		return 0;
 	}
 	u32 isn_next = (send ? ev->isn_local : ev->isn_remote) + 1;
 	int isn_known = (ev->flags & (SOCKCALL_F_ISN_EXACT | SOCKCALL_F_ISN_DERIVED)) != 0;
-	int next = zw_begin(s, in.sk, in.call, send ? ZW_DIR_TX : ZW_DIR_RX, in.ptr, in.len, (u64)ret, isn_next,
+	int next = wk_begin(s, in.sk, in.call, send ? WK_DIR_TX : WK_DIR_RX, in.ptr, in.len, (u64)ret, isn_next,
 			    isn_known);
-	if (next == ZW_GO) {
-		sockcalls_progs.call(ctx, ZW_PROG_WALK);
-		/* only reached when the walker is not installed */
-		zw_stop(s, SOCKCALL_STOP_NO_WALKER, 0);
-	} else if (next == ZW_HUNT) {
-		sockcalls_progs.call(ctx, ZW_PROG_HUNT);
-		/* not installed: as an unsynced call without a sync point */
-		zw_copy_raw(s, 0, (u64)ret < SOCKCALLS_PREFIX_BYTES ? (u64)ret : SOCKCALLS_PREFIX_BYTES,
-			    SOCKCALL_BYTES_PREFIX);
-	}
-	zw_write_stop(s, 1);
-	zw_finish(s);
-	return 0;
-}
-
-/* An unsynced call without a hint, or the rest of a call whose walk lost
- * sync: look for a sync point in its bytes, a window per pass (tail calls
- * of itself), then zw_hunt_end_prog (zmtp_walk.bpf.h, self-sync). */
-int zw_hunt_prog(void *ctx)
-{
-	struct zw_scratch *s = zw_scratch();
-	if (!s)
-		return 0;
-	if (zw_hunt(s) == ZW_HUNT) {
-		sockcalls_progs.call(ctx, ZW_PROG_HUNT);
-		/* the kernel's tail call limit: the rest of the call stays unsearched */
-		s->w.h_found = s->w.total;
-	}
-	sockcalls_progs.call(ctx, ZW_PROG_HUNT_END);
-	/* no tail call left (or not installed): the call's record as it is */
-	zw_finish(s);
-	return 0;
-}
-
-/* The hunt's end: its raw bytes and HUNTED item, the walk from the sync
- * point it found, or the end of the call. */
-int zw_hunt_end_prog(void *ctx)
-{
-	struct zw_scratch *s = zw_scratch();
-	if (!s)
-		return 0;
-	if (zw_hunt_end(s, s->w.h_found) == ZW_GO) {
-		sockcalls_progs.call(ctx, ZW_PROG_WALK);
-		zw_stop(s, SOCKCALL_STOP_NO_WALKER, 0);
-		zw_write_stop(s, 1);
-	}
-#ifdef NETSTACK_LOADED
-	if (s->w.n_ends) /* message ends walked before the walk lost sync */
-		sockcalls_progs.call(ctx, ZW_PROG_ENDS);
-#endif
-	zw_finish(s);
-	return 0;
-}
-
-/* The walker: SOCKCALLS_WALK_STEPS steps, then itself again (tail call)
- * while bytes remain; on garbage, the hunt in the rest of the call; then
- * zw_ends for the netstack lookups of the message ends it saw. Not attached:
- * reached by tail calls only (probes/sockcalls.py install_walker puts it in
- * sockcalls_progs). */
-int zw_walk(void *ctx)
-{
-	struct zw_scratch *s = zw_scratch();
-	if (!s)
-		return 0;
-	zw_greeting_steps(s);
-	for (int i = 0; i < SOCKCALLS_WALK_STEPS; i++) {
-		if (zw_step(s))
-			break;
-	}
-	if (!s->w.stopped && s->w.pos < s->w.total) {
-		sockcalls_progs.call(ctx, ZW_PROG_WALK);
-		/* the kernel's tail call limit: this call has too many frames */
-		zw_stop(s, SOCKCALL_STOP_BUDGET, 0);
-	}
-	if (zw_lost_sync(s)) {
-		sockcalls_progs.call(ctx, ZW_PROG_HUNT);
-		/* no tail call left: the raw bytes after the WALK_END only */
-		zw_hunt_end(s, s->w.total);
-	} else {
-		zw_write_stop(s, 1);
-	}
-#ifdef NETSTACK_LOADED
-	if (s->w.n_ends)
-		sockcalls_progs.call(ctx, ZW_PROG_ENDS);
-#endif
-	zw_finish(s);
-	return 0;
-}
-
-/* Netstack lookups of the message ends, SOCKCALLS_ENDS_PER_PASS per pass
- * (after the walk: following the stream matters more than the times of one
- * call; ends the tail call limit leaves without a lookup have no RX_TIMES
- * item). */
-int zw_ends(void *ctx)
-{
-	struct zw_scratch *s = zw_scratch();
-	if (!s)
-		return 0;
-	if (zw_ends_lookup(s))
-		sockcalls_progs.call(ctx, ZW_PROG_ENDS);
-	zw_finish(s);
+	wk_dispatch(ctx, s, next);
+	wk_write_stop(s, 1);
+	wk_finish(s);
 	return 0;
 }

@@ -1,5 +1,6 @@
-"""The sockcalls probe (source: sockcalls.bpf.c, zmtp_walk.bpf.h): its
-declaration, and the user-space side of its ZMTP walker.
+"""The sockcalls probe (source: sockcalls.bpf.c, walk_engine.bpf.h and its
+framings, framings.bpf.h): its declaration, and the user-space side of its
+stream walker.
 
     prog = ProbeProgram.start([SOCKCALLS], filters)
     install_walker(prog)                  # the walker's tail-called programs
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from agent.errors import UserError
 from probes.declare import Attach, KernelField, LruMap, Probe, TracepointField
 from probes.events import (SOCKCALL_COUNTERS, SockcallEvent, SockcallItem, SockcallItemKind, SockcallKeys,
-                           SockcallHunted, SockcallMsgEnd, SockcallWalkMark, WalkStart, WalkStop)
+                           SockcallHunted, SockcallMsgEnd, SockcallWalkMark, WalkProtocol, WalkStart, WalkStop)
 
 # syscall -> (its argument fields in tracefs: fd, pointer, length/count)
 SYSCALL_ARGS = {
@@ -89,7 +90,7 @@ SOCKCALLS = Probe(
         "SOCKCALLS_INFLIGHT_MAX": (16384, 64, 1 << 20),  # threads inside a traced call at once
         "SOCKCALLS_CONNS_MAX": (16384, 64, 1 << 22),  # connections whose facts are cached (~136 B each)
         "SOCKCALLS_IOV_WALK_MAX": (8, 1, 32),  # iovecs of a call the walker reads
-        # the ZMTP walker (zmtp_walk.bpf.h)
+        # the walker (walk_engine.bpf.h) and its framings
         # steps per walker pass (33 passes per call at most: ~1300 frames of small messages at
         # 64, ~650 at 32; beyond, counted walk_budget); the verifier refuses ~96
         "SOCKCALLS_WALK_STEPS": (64, 1, 64),
@@ -109,17 +110,28 @@ SOCKCALLS = Probe(
 
 
 # ---------------------------------------------------------------------------
-# The walker's programs and maps (zmtp_walk.bpf.h)
+# The walker's programs and maps (walk_engine.bpf.h, framings.bpf.h)
 
-# The walker's tail-called programs and their slots in sockcalls_progs (ZW_PROG_*),
-# in order of importance: following frames, finding sync, the netstack lookups.
-WALKER_PROGRAMS = {"zw_walk": 0, "zw_hunt_prog": 2, "zw_hunt_end_prog": 3, "zw_ends": 1}
+def _slot(protocol: WalkProtocol, kind: int) -> int:
+    """WK_SLOT: where protocol's program of kind WK_PROG_* (walk 0, hunt 1, hunt end 2) sits."""
+    return int(protocol) * 4 + kind
+
+
+# The walker's tail-called programs and their slots in sockcalls_progs, in order
+# of importance: following frames, finding sync, the netstack lookups (walk_ends,
+# slot 0, shared by every protocol).
+WALKER_PROGRAMS = {
+    "zmtp_walk": _slot(WalkProtocol.ZMTP, 0),
+    "zmtp_hunt": _slot(WalkProtocol.ZMTP, 1),
+    "zmtp_hunt_end": _slot(WalkProtocol.ZMTP, 2),
+    "walk_ends": 0,
+}
 _PROG_ARRAY = b"sockcalls_progs"
 _HINT_MAP = b"sockcalls_sync_hint"
 
 
 class Direction(enum.IntEnum):
-    """ZW_DIR_*: a connection's direction, as this host sees it."""
+    """WK_DIR_*: a connection's direction, as this host sees it."""
 
     TX = 0  # bytes this end sends
     RX = 1  # bytes it receives
@@ -136,8 +148,9 @@ def install_walker(prog) -> None:
     Every program is tried, the most important first; those the kernel refuses
     (the netstack lookups with its ring sizes at their maximum can exceed the
     verifier's budget) are named in one RuntimeError at the end: a missing
-    zw_ends leaves message ends without kernel times, a missing zw_hunt_prog
-    leaves joined connections to hints, a missing zw_walk leaves raw prefixes."""
+    walk_ends leaves message ends without kernel times, a missing P_hunt
+    leaves protocol P's joined connections to hints, a missing P_walk leaves
+    raw prefixes."""
     import bcc  # only here: the rest of this module runs without bcc
 
     table = prog.bpf[_PROG_ARRAY]
@@ -175,7 +188,7 @@ def set_sync_hint(prog, sk: int, direction: Direction, seq: int, frame_index: in
 
 
 # ---------------------------------------------------------------------------
-# Key sampling: the rule the walker applies (zw_key_level, zw_hash_block)
+# Key sampling: the rule the walker applies (wk_key_level, wk_hash_block)
 
 def key_sample_level(scanned_keys: int, sample_max: int = 16) -> int:
     """The level the walker samples a keys frame at, from the keys it hashes

@@ -27,6 +27,8 @@ CONSTANTS = {
     "SOCKCALL_F_PAYLOAD_FAULT": events.SOCKCALL_F_PAYLOAD_FAULT,
     "SOCKCALL_PAYLOAD_MAX": events.SOCKCALL_PAYLOAD_MAX,
     **{f"SOCKCALL_{c.name}": c.value for c in SockCall},
+    **{f"SOCKCALL_PROTO_{c.name}": c.value for c in events.WalkProtocol},
+    "SOCKCALL_PROTO_MAX": max(events.WalkProtocol),
 }
 
 
