@@ -25,9 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--wire-delay-ms", type=float, default=1.0)
     p.add_argument("--record", type=Path, help="write the recording here (tests/data/brpc)")
+    p.add_argument("--wait-s", type=float, default=0.0,
+                   help="wait this long for another cluster on the machine to go")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    with Cluster(args.servers + args.trainers, wire_delay_ms=args.wire_delay_ms) as cluster:
+    with Cluster(args.servers + args.trainers, wire_delay_ms=args.wire_delay_ms,
+                 wait_s=args.wait_s) as cluster:
         if args.record:
             with capture.WireCapture(args.out / "wire.pcap") as cap:
                 res = run_in_cluster(cluster, args.out, args.servers, args.trainers, args.steps)

@@ -4,7 +4,7 @@ workloads/paddle/runner.py).
 
 Run with the Paddle venv's python (workloads/paddle/venv.py), never imported by pslat.
 
-The model: ids [batch, slots] -> a distributed sparse embedding (a MemorySparseTable on
+The model: ids [batch x slots, 1] -> a distributed sparse embedding (a MemorySparseTable on
 the servers: PS_PULL_SPARSE_TABLE / PS_PUSH_SPARSE_TABLE) -> fc(hidden, relu) -> fc(1),
 the fc parameters in a dense table (PS_PULL_DENSE_TABLE / PS_PUSH_DENSE_TABLE), square
 error against a label made from the ids. SGD.
@@ -48,7 +48,8 @@ def _build(args):
     import paddle
     import paddle.distributed.fleet as fleet
 
-    ids = paddle.static.data(name="ids", shape=[-1, args.slots], dtype="int64")
+    # lookup_table wants one id per row: a sample's slots are consecutive rows
+    ids = paddle.static.data(name="ids", shape=[-1, 1], dtype="int64")
     label = paddle.static.data(name="label", shape=[-1, 1], dtype="float32")
     emb = paddle.static.nn.sparse_embedding(
         input=ids, size=[args.vocab + 1, args.dim],
@@ -76,10 +77,16 @@ def _wait_gate(gate: Path) -> None:
 def _table_ids() -> dict:
     """Paddle's own table ids: sparse by parameter name, and the dense ones."""
     import paddle.distributed.fleet as fleet
+    from paddle.distributed.fleet.proto import the_one_ps_pb2 as pb2
+
+    # the worker's table descriptors, as init_worker built them (a table class set:
+    # entries left empty by a table of another kind are skipped)
     builder = fleet.fleet._runtime_handle.ps_desc_builder
-    sparse = {str(k): int(v) for k, v in builder.sparse_table_maps.items()}
-    dense = sorted(int(t.idx) for t in builder.tables
-                   if type(t).__name__ == "DenseTable")
+    tables = [t for t in builder.ps_desc.worker_param.downpour_worker_param.downpour_table_param
+              if t.table_class]
+    sparse = {t.common.table_name: int(t.table_id) for t in tables
+              if t.type == pb2.PS_SPARSE_TABLE}
+    dense = sorted({int(t.table_id) for t in tables if t.type == pb2.PS_DENSE_TABLE})
     return {"sparse": sparse, "dense": dense}
 
 
@@ -103,7 +110,8 @@ def _trainer(args, loss) -> None:
         ids = rng.integers(1, args.vocab + 1, size=(args.batch, args.slots), dtype=np.int64)
         label = (ids.sum(axis=1, keepdims=True) % 7).astype(np.float32) / 7.0
         t0 = time.monotonic_ns()
-        out, = exe.run(main, feed={"ids": ids, "label": label}, fetch_list=[loss])
+        out, = exe.run(main, feed={"ids": ids.reshape(-1, 1), "label": label},
+                       fetch_list=[loss])
         t1 = time.monotonic_ns()
         steps.append({"step": step, "ids": int(ids.size), "distinct_ids": int(len(np.unique(ids))),
                       "t_before_ns": t0, "t_after_ns": t1, "loss": float(np.asarray(out).ravel()[0])})

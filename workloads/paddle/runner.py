@@ -55,6 +55,10 @@ QUIET_ENV = {
     "GLOG_v": "0",
     "GLOG_logtostderr": "1",
     "PYTHONUNBUFFERED": "1",
+    # Paddle 3.0 builds static programs in PIR by default; the_one_ps's passes and
+    # sparse_embedding need the legacy program (under PIR sparse_embedding fails on
+    # bool(Tensor) while building).
+    "FLAGS_enable_pir_api": "0",
 }
 # variables of the role maker, never inherited from the caller's shell
 _ROLE_PREFIXES = ("PADDLE_", "TRAINING_ROLE", "POD_IP", "FLAGS_", "GLOG_", "PSLAT_PADDLE_")
@@ -235,10 +239,10 @@ class PaddleJob:
         deadline = time.monotonic() + timeout_s
         trainers = [i for i, _ in self.procs if i.role == "TRAINER"]
         servers = [i for i, _ in self.procs if i.role == "PSERVER"]
-        waiting = set(servers)
+        waiting = list(servers)
         while True:
             self._poll()
-            waiting = {s for s in waiting if not self._listening(s)}
+            waiting = [s for s in waiting if not self._listening(s)]
             if not waiting and all((self.out_dir / f"ready-{t.pid}").exists() for t in trainers):
                 return {i.name: i.pid for i, _ in self.procs}
             if time.monotonic() > deadline:
