@@ -120,7 +120,8 @@ class PaddleResult:
     def counts(self) -> dict:
         """The job's own counts, none of them from pslat:
 
-        {"trainers": {id: {"steps": int, "pull_sparse_keys": [distinct ids per step]}},
+        {"trainers": {id: {"steps": int, "pull_sparse_keys": [distinct ids per step],
+                           "tables": {"sparse": {name: table id}, "dense": [table ids]}}},
          "servers": {index: {"requests": int,            # every PsService request
                              "by_op": {PsCmdID name: int}}},  # the four table ops
          "by_op": {PsCmdID name: int}}                   # over the servers
