@@ -7,6 +7,9 @@ framework-boundary times within 200 us of psbench's own log. An agent started
 while the job runs joins mid-stream and finds >= 99% of the requests issued after it
 was ready.
 
+The jobs share one cluster, each on a group of hosts of its own; the every-slice jobs
+run one after the other under one agent.
+
 The 256-byte payload prefix of the landed sockcalls probe cannot carry psbench's
 pushes (~430 bytes): until the in-kernel ZMTP walker lands (sockcall format
 "items") these tests are expected to fail, and say so.
@@ -36,7 +39,9 @@ WAIT_S = 300                # another test's cluster may be up (one per machine)
 READY_TIMEOUT_S = 120
 FRAMEWORK_TOLERANCE_NS = 200_000
 IDS = ["app_id", "customer_id", "timestamp", "sender", "recver"]
-HOSTS = 6                   # 2 servers + 4 workers, one host each
+GROUP = 6                   # 2 servers + 4 workers, one host each: every job's shape
+GROUPS = 3                  # the module's cluster: GROUPS groups of GROUP hosts
+LARGE_WIRE_MS = 2.0         # group 2's wire
 # every host pair: these tests find every request; shedding has its own (test_load_shedding)
 FULL = ("--sample-rate", "1")
 
@@ -100,37 +105,78 @@ def _tables(out: Path) -> tuple[pd.DataFrame, dict]:
     return pd.concat(frames, ignore_index=True), metas
 
 
-def _run(tmp_path: Path, duration_s: float, join_after_s: float | None, wire_delay_ms: float = 0.0,
-         **workload):
-    """psbench in the cluster, traced by one agent. join_after_s None: the agent starts
-    first and the job runs duration_s. Else the agent starts join_after_s into a long
-    job, traces duration_s of it, and the job is stopped (SIGTERM: it writes its truth)."""
-    with Cluster(HOSTS, wire_delay_ms=wire_delay_ms, wait_s=WAIT_S, log_dir=tmp_path / "wire") as cluster:
-        names = [h.name for h in cluster.hosts]
-        agent = None
-        try:
-            if join_after_s is None:
-                agent = Agent(tmp_path / "agent", names, extra=FULL)
-            job_s = duration_s if join_after_s is None else 120.0
-            with launch_in_cluster(cluster, tmp_path / "ps", servers=2, workers=4, duration_s=job_s,
-                                   **workload) as job:
+class _Group:
+    """GROUP hosts of the module's cluster, as launch_in_cluster takes a cluster."""
+
+    def __init__(self, cluster, index: int):
+        self.hosts = cluster.hosts[index * GROUP:(index + 1) * GROUP]
+        self.popen = cluster.popen
+        self.names = [h.name for h in self.hosts]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One cluster for every job here (each brought up its own: 5 set-ups), in groups of
+    GROUP hosts: groups 0 and 1 on a 0 ms wire, group 2 on LARGE_WIRE_MS among its own
+    hosts. A job runs on one group; nothing crosses groups."""
+    names = [f"h{i}" for i in range(GROUPS * GROUP)]
+    slow = names[2 * GROUP:]
+    pairs = {(a, b): LARGE_WIRE_MS for a in slow for b in slow if a != b}
+    with Cluster(names, pair_delay_ms=pairs, wait_s=WAIT_S, log_dir=tmp_path_factory.mktemp("wire")) as c:
+        yield c
+
+
+def _of_hosts(tables: tuple[pd.DataFrame, dict], hosts: list[str]) -> tuple[pd.DataFrame, dict]:
+    """_tables' rows and metas of these hosts."""
+    msgs, metas = tables
+    return msgs[msgs.host_id.isin(hosts)].reset_index(drop=True), {h: metas[h] for h in hosts if h in metas}
+
+
+@pytest.fixture(scope="module")
+def traced_jobs(cluster, tmp_path_factory):
+    """The every-slice cases, one job after the other, each on a group of its own, under
+    one agent started first (one compile, not three): {case: (msgs, metas, truth, log)},
+    the rows and metas of that job's hosts."""
+    tmp = tmp_path_factory.mktemp("traced")
+    groups = {case: _Group(cluster, g) for case, g in EVERY_SLICE_GROUP.items()}
+    agent = Agent(tmp / "agent", [n for g in groups.values() for n in g.names], extra=FULL)
+    truths = {}
+    try:
+        for case, workload in EVERY_SLICE.items():
+            with launch_in_cluster(groups[case], tmp / case, servers=2, workers=4, duration_s=3.0,
+                                   **{"rate": 100, **workload}) as job:
                 job.wait_ready()
-                if join_after_s is None:
-                    job.wait()
-                else:
-                    time.sleep(join_after_s)   # the job runs: the agent must join mid-stream
-                    agent = Agent(tmp_path / "agent", names, extra=FULL)
-                    time.sleep(duration_s)     # traffic while the agent traces
-                    job.stop()
-            stopped_ns = time.monotonic_ns()
-            log = agent.stop()
-            (tmp_path / "agent.log").write_text(log + f"\nready_ns {agent.ready_ns}\n")
-        finally:
-            if agent is not None:
-                agent.kill()
-        truth = job.truth()
-    msgs, metas = _tables(tmp_path / "agent")
-    return msgs, metas, truth, (agent.ready_ns, stopped_ns), log
+                job.wait()
+            truths[case] = job.truth()
+        log = agent.stop()
+        (tmp / "agent.log").write_text(log + f"\nready_ns {agent.ready_ns}\n")
+    finally:
+        agent.kill()
+    tables = _tables(tmp / "agent")
+    return {case: (*_of_hosts(tables, groups[case].names), truths[case], log) for case in EVERY_SLICE}
+
+
+def _joined(cluster, tmp: Path, case: str):
+    """A mid-job case on its group: the agent starts JOIN_AFTER_S into the job (then its
+    compile), traces JOIN_TRACE_S and the job is stopped (SIGTERM: it writes its truth).
+    (msgs, truth, ready_ns). One case at a time: with both jobs at once the agent, still
+    catching up on their backlog, lost events."""
+    group = _Group(cluster, JOIN_GROUP[case])
+    agent = None
+    try:
+        with launch_in_cluster(group, tmp / "ps", servers=2, workers=4, duration_s=120.0, rate=50,
+                               **JOIN[case]) as job:
+            job.wait_ready()
+            time.sleep(JOIN_AFTER_S)   # the job runs: the agent must join mid-stream
+            agent = Agent(tmp / "agent", group.names, extra=FULL)
+            time.sleep(JOIN_TRACE_S)   # traffic while the agent traces
+            job.stop()
+        log = agent.stop()
+        (tmp / "agent.log").write_text(log + f"\nready_ns {agent.ready_ns}\n")
+    finally:
+        if agent is not None:
+            agent.kill()
+    return _of_hosts(_tables(tmp / "agent"), group.names)[0], job.truth(), agent.ready_ns
 
 
 def _side(msgs, host, direction, request):
@@ -157,19 +203,25 @@ SMALL = dict(keys_per_request=4, embedding_dim=2, lens=False)
 MIN_FOUND_SMALL = 1.0 if WALKER else 0.95
 
 
-# ~78 KB requests and responses (50+ segments), a 2 ms wire, a reconnect every 10 requests
-LARGE = dict(keys_per_request=1024, embedding_dim=16, reconnect_every=10, wire_delay_ms=2.0, rate=40)
+# ~78 KB requests and responses (50+ segments), on group 2's 2 ms wire, a reconnect every 10 requests
+LARGE = dict(keys_per_request=1024, embedding_dim=16, reconnect_every=10, rate=40)
+
+EVERY_SLICE = {"small": SMALL, "default": {}, "wire2ms-large-reconnect10": LARGE}
+EVERY_SLICE_GROUP = {"small": 0, "default": 1, "wire2ms-large-reconnect10": 2}
+JOIN = {"small": SMALL, "default": {}}
+JOIN_GROUP = {"small": 0, "default": 1}
+JOIN_AFTER_S, JOIN_TRACE_S = 4.0, 3.0
 
 
-@pytest.mark.parametrize("workload", [
-    pytest.param(SMALL, id="small"),
-    pytest.param({}, id="default", marks=needs_walker),
-    pytest.param(LARGE, id="wire2ms-large-reconnect10", marks=needs_walker),
+@pytest.mark.parametrize("case", [
+    pytest.param("small"),
+    pytest.param("default", marks=needs_walker),
+    pytest.param("wire2ms-large-reconnect10", marks=needs_walker),
 ])
-def test_every_slice_on_both_hosts_with_ids_stages_and_framework_times(tmp_path, workload):
-    min_found = MIN_FOUND_SMALL if workload == SMALL else 1.0
-    msgs, metas, truth, _, log = _run(tmp_path, duration_s=3.0, join_after_s=None, **{"rate": 100, **workload})
-    assert len(metas) == HOSTS
+def test_every_slice_on_both_hosts_with_ids_stages_and_framework_times(traced_jobs, case):
+    min_found = MIN_FOUND_SMALL if EVERY_SLICE[case] == SMALL else 1.0
+    msgs, metas, truth, log = traced_jobs[case]
+    assert len(metas) == GROUP and set(truth.host) <= set(metas)
     for meta in metas.values():
         for probe, c in meta["counters"]["probes"].items():
             assert c["lost"] == 0, f"{probe} lost events: {log}"
@@ -229,14 +281,12 @@ def _check_stages(msgs, metas):
         assert data_rx.ts_data_ready_ns.notna().mean() >= 0.99
 
 
-@pytest.mark.parametrize("workload", [
-    pytest.param(SMALL, id="small"),
-    pytest.param({}, id="default"),
-])
-def test_an_agent_started_during_the_job_finds_the_requests_issued_after(tmp_path, workload):
+@pytest.mark.parametrize("case", ["small", "default"])
+def test_an_agent_started_during_the_job_finds_the_requests_issued_after(cluster, tmp_path, case):
     """The issue's case: the agent starts during the job (4 s in, then its compile) and joins
     its connections mid-stream."""
-    msgs, _, truth, (ready_ns, _), _ = _run(tmp_path, duration_s=3.0, join_after_s=4.0, rate=50, **workload)
+    msgs, truth, ready_ns = _joined(cluster, tmp_path, case)
+    workload = JOIN[case]
     min_found = min(0.99, MIN_FOUND_SMALL) if workload else 0.99
     # requests issued after the agent was ready and answered before the job was stopped
     t = truth[(truth.role == "worker") & (truth.t_issued_ns > ready_ns) & truth.t_completed_ns.notna()]

@@ -4,6 +4,7 @@ Every worker must finish, and its log must show every pull and push it issued
 as completed, with row counts that add up over the wire slices; and the keys
 the log says each slice carries must be on the wire, in a tcpdump capture on
 the worker's host decoded here with struct only (independent of pslat).
+The tests share one cluster, each job on hosts of its own wire delay.
 """
 from __future__ import annotations
 
@@ -33,8 +34,33 @@ JOB_TIMEOUT_S = 60.0
 MARKER_PORT = 1  # closed in every host: a SYN there marks the end of a capture
 
 
-def _make_cluster(n: int, wire_delay_ms: float = 0.0) -> Cluster:
-    return Cluster(n, wire_delay_ms=wire_delay_ms)
+WAIT_S = 300                # another test's cluster may be up (one per machine)
+# One cluster for the module (each test brought up its own: 4 set-ups): a job runs on
+# the hosts of one group, which are on the wire delay of that group among themselves.
+GROUPS = {0.0: ["h0", "h1", "h2"], 1.0: ["h3", "h4", "h5", "h6"]}   # wire delay (ms) -> hosts
+
+
+class _Hosts:
+    """Some hosts of the module's cluster, as the runner takes a cluster."""
+
+    def __init__(self, cluster, names: list[str]):
+        self.hosts = [cluster.host(n) for n in names]
+        self.popen = cluster.popen
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    pairs = {(a, b): ms for ms, names in GROUPS.items() for a in names for b in names if a != b}
+    with Cluster([n for names in GROUPS.values() for n in names], pair_delay_ms=pairs, wait_s=WAIT_S,
+                 log_dir=tmp_path_factory.mktemp("wire")) as c:
+        yield c
+
+
+def _group(cluster, n: int, wire_delay_ms: float = 0.0) -> _Hosts:
+    """n hosts on this wire delay."""
+    names = GROUPS[wire_delay_ms]
+    assert n <= len(names), f"the module's cluster has {len(names)} hosts on a {wire_delay_ms} ms wire"
+    return _Hosts(cluster, names[:n])
 
 
 class _Capture:
@@ -173,29 +199,29 @@ def _check_logs(res: runner.MxnetResult, servers: int, workers: int) -> None:
     (1, 2, "dist_async", 0.0),
     (2, 2, "dist_sync", 1.0),
 ])
-def test_sparse_kv_across_hosts(tmp_path, mxnet_python, servers, workers, mode, wire_delay_ms):
+def test_sparse_kv_across_hosts(tmp_path, cluster, mxnet_python, servers, workers, mode, wire_delay_ms):
     t0 = time.monotonic()
-    with _make_cluster(servers + workers, wire_delay_ms) as cluster:
-        job = runner.MxnetJob(cluster, SCRIPT_ARGS, tmp_path / "out", servers=servers,
-                              workers=workers, mode=mode,
-                              env={"MXNET_KVSTORE_BIGARRAY_BOUND": str(BIGARRAY_BOUND_ELEMS)})
-        worker_hosts = [s.host for s in job.specs if s.role == "worker"]
-        caps = [_Capture(cluster, h, tmp_path / f"{h.name}.pcap") for h in worker_hosts]
+    hosts = _group(cluster, servers + workers, wire_delay_ms)
+    job = runner.MxnetJob(hosts, SCRIPT_ARGS, tmp_path / "out", servers=servers,
+                          workers=workers, mode=mode,
+                          env={"MXNET_KVSTORE_BIGARRAY_BOUND": str(BIGARRAY_BOUND_ELEMS)})
+    worker_hosts = [s.host for s in job.specs if s.role == "worker"]
+    caps = [_Capture(cluster, h, tmp_path / f"{h.name}.pcap") for h in worker_hosts]
+    for c in caps:
+        c.__enter__()
+    try:
+        with job:
+            res = job.wait(timeout_s=JOB_TIMEOUT_S)
         for c in caps:
-            c.__enter__()
-        try:
-            with job:
-                res = job.wait(timeout_s=JOB_TIMEOUT_S)
-            for c in caps:
-                c.drain()
-        finally:
-            for c in caps:
-                c.__exit__()
+            c.drain()
+    finally:
+        for c in caps:
+            c.__exit__()
     wall_s = time.monotonic() - t0
     assert all(p.returncode == 0 for p in res.processes)
     # Every host got its processes: server i on hosts[i], worker j on hosts[servers + j].
     addrs = {p.name: p.addr for p in res.processes}
-    host_addrs = [h.addr for h in cluster.hosts]
+    host_addrs = [h.addr for h in hosts.hosts]
     assert addrs["scheduler"] == host_addrs[0]
     for i in range(servers):
         assert addrs[f"server-{i}"] == host_addrs[i]
@@ -212,10 +238,10 @@ def test_sparse_kv_across_hosts(tmp_path, mxnet_python, servers, workers, mode, 
     _check_wire(res, servers, {p.rank: cap_by_host[p.host]
                                for p in res.processes if p.role == "worker"})
     print(f"\n{mode} {servers}x{workers}, {ITERS} iters: job {res.wall_s:.2f} s, "
-          f"with cluster set-up and teardown {wall_s:.2f} s")
+          f"with its captures {wall_s:.2f} s")
 
 
-def test_failing_job_is_reported_and_cleaned_up(tmp_path, mxnet_python):
+def test_failing_job_is_reported_and_cleaned_up(tmp_path, cluster, mxnet_python):
     """A worker that dies: a UserError naming it, and no process of the job left."""
     bad = tmp_path / "bad.py"
     # Servers and scheduler run as MXNet's; the worker exits at once with 3,
@@ -223,29 +249,27 @@ def test_failing_job_is_reported_and_cleaned_up(tmp_path, mxnet_python):
     bad.write_text("import os, sys\n"
                    "if os.environ['DMLC_ROLE'] != 'worker':\n    import mxnet\n"
                    "sys.exit(3)\n")
-    with _make_cluster(2) as cluster:
-        job = runner.MxnetJob(cluster, [], tmp_path / "out", servers=1, workers=1, script=bad)
-        job.start()
-        with pytest.raises(UserError, match=r"worker-0 .*exited with 3"):
-            job.wait(timeout_s=JOB_TIMEOUT_S)
+    job = runner.MxnetJob(_group(cluster, 2), [], tmp_path / "out", servers=1, workers=1, script=bad)
+    job.start()
+    with pytest.raises(UserError, match=r"worker-0 .*exited with 3"):
+        job.wait(timeout_s=JOB_TIMEOUT_S)
     for info, p in job.procs:
         assert p.poll() is not None, f"{info.name} still running"
 
 
-def test_gated_job_holds_workers_until_released(tmp_path, mxnet_python):
+def test_gated_job_holds_workers_until_released(tmp_path, cluster, mxnet_python):
     """Gated: every pid is known and no worker has connected before release()."""
-    with _make_cluster(2) as cluster:
-        job = runner.MxnetJob(cluster, ["--iters", "2", "--num-rows", "1024", "--dim", "4"],
-                              tmp_path / "out", servers=1, workers=1, gated=True)
-        with job:
-            pids = job.wait_ready(timeout_s=JOB_TIMEOUT_S)
-            assert set(pids) == {"scheduler", "server-0", "worker-0"}
-            worker_host = next(s.host for s in job.specs if s.role == "worker")
-            # No TCP connection from the worker's host yet: it waits before kv.create.
-            ss = cluster.run(worker_host, ["ss", "-Htn", "state", "established"],
-                             capture_output=True, text=True, check=True).stdout
-            assert ss.strip() == ""
-            assert not list((tmp_path / "out").glob("worker-*.jsonl"))
-            job.release()
-            res = job.wait(timeout_s=JOB_TIMEOUT_S)
+    job = runner.MxnetJob(_group(cluster, 2), ["--iters", "2", "--num-rows", "1024", "--dim", "4"],
+                          tmp_path / "out", servers=1, workers=1, gated=True)
+    with job:
+        pids = job.wait_ready(timeout_s=JOB_TIMEOUT_S)
+        assert set(pids) == {"scheduler", "server-0", "worker-0"}
+        worker_host = next(s.host for s in job.specs if s.role == "worker")
+        # No TCP connection from the worker's host yet: it waits before kv.create.
+        ss = cluster.run(worker_host, ["ss", "-Htn", "state", "established"],
+                         capture_output=True, text=True, check=True).stdout
+        assert ss.strip() == ""
+        assert not list((tmp_path / "out").glob("worker-*.jsonl"))
+        job.release()
+        res = job.wait(timeout_s=JOB_TIMEOUT_S)
     assert [r.op for r in res.op_logs()[0]].count("pull") == 2
