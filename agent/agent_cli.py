@@ -68,11 +68,20 @@ def agent(
     nice: Optional[int] = typer.Option(None, "--nice", help="run the agent at this nice value once attached (e.g. 10: "
                                        "the job's threads get saturated cores first; the agent sheds host "
                                        "pairs when it falls behind; default: the priority it started with)"),
+    protocol: List[str] = typer.Option([], "--protocol", help="connections with an end on PORT speak protocol "
+                                       "NAME (PORT=NAME, repeat; default: told from their first bytes)",
+                                       rich_help_panel="Filters"),
     ring_pages: Optional[int] = typer.Option(None, "--ring-pages", hidden=True,
                                              help="kernel ring buffers' size in pages (tests: flood the agent)"),
 ) -> None:
-    """Trace every ps-lite message of the selected processes, with its per-stage times."""
+    """Trace every message of the selected processes, with its per-stage times."""
     from agent.daemon import AgentOptions, replay as do_replay, run_live
+    from parsers.registry import parse_forced
+
+    try:
+        protocols = parse_forced(protocol)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
     if duration is not None and duration <= 0:
         raise UserError(f"--duration {duration:g}: give a positive number of seconds")
@@ -97,7 +106,7 @@ def agent(
             raise UserError("--replay decodes what a recording holds; leave out the filters, --record, --listen, "
                             "--sample-rate, --cpu-budget and --print-bpf")
         with _nothing_left_behind(out):
-            pipeline, elapsed = do_replay(replay, out)
+            pipeline, elapsed = do_replay(replay, out, protocols=protocols or None)
         n = sum(pipeline.events.values())
         rows = ", ".join(f"{h}: {k} messages" for h, k in sorted(pipeline.rows.items())) or "no messages"
         typer.echo(f"replayed {n} events in {elapsed:.2f} s ({n / max(elapsed, 1e-9):,.0f} events/s); {rows}; "
@@ -108,7 +117,7 @@ def agent(
                               comms=tuple(comm), netns=tuple(netns), ports=tuple(port), host_id=host_id,
                               duration_s=duration, record=record, libs=tuple(lib), print_bpf=print_bpf,
                               netstack=netstack, listen=listen, sample_rate=sample_rate,
-                              overrides=overrides, nice=nice, cpu_budget=cpu_budget))
+                              overrides=overrides, nice=nice, cpu_budget=cpu_budget, protocols=protocols))
     if not print_bpf:
         # Everything is written and closed: skip the interpreter's teardown (0.3-0.5 s
         # under load, of the 2 s a SIGTERM may take; the kernel closes what is left).

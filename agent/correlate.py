@@ -5,7 +5,7 @@ Per message (never per packet) this gives the stage timestamps of its host
 
 Framework boundary. A framework record (probes.framework.FrameworkMessage) is
 matched to a wire message exactly, by ids, never by order: same process, same
-direction, same (app_id, customer_id, timestamp, request), push flag and
+direction, same (call_space, call_id, request), push flag and
 control command agreeing, the same bytes on the wire (the record's frame sizes
 give the ZMTP bytes exactly), the routing peer agreeing with the wire's sender
 when both are known, and the keys frame's first keys consistent with the
@@ -59,6 +59,7 @@ recordings made before them) the latest event timestamp stands in for T.
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import struct
 import time
@@ -72,10 +73,11 @@ from agent.bounded import CONNS_MAX, put_newest, touch
 from agent.decode import WireMessage
 from agent.netrows import (HOLD_NS, NS_TXC_FORWARDED, R_DATA_READY_LATE, R_NOT_LOADED,  # noqa: F401 (re-exported)
                            R_NOT_TIMED, Connections, TxTimes, sock_wait_split, window_split)
-from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage, op_name
+from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage
 from parsers.pslite.keysample import key_hash
-from parsers.pslite.message import Kind, Op
+from parsers.pslite.message import call_space_of
 from parsers.pslite.meta import node_id_of_identity
+from parsers.protocol import PAIR_NODES
 
 MAX_ELIMINATION = 6          # groups up to this size are searched for their only complete pairing
 SETTLE_NS = 50_000_000       # a group of same-id messages is complete this long after its last member
@@ -243,11 +245,11 @@ class Correlator:
         # next watermark expired them at once, before their partners from the other ring
         # (measured: 76-152 of 9,600 messages near a run's end without framework times)
         p = Pending(wm, tgid, max(self.now_ns, event_ns), None)
-        if m.timestamp is None and m.app_id is None and m.customer_id is None:
+        if m.call_id is None and m.call_space is None:
             self._unkeyed.append(p)   # nothing to match a framework record by
             return
-        p.key = (tgid, wm.tx, m.app_id, m.customer_id, m.timestamp, m.request)
-        if wm.tx and m.request and m.key_sample and m.kind is not Kind.CONTROL:
+        p.key = (tgid, wm.tx, m.call_space, m.call_id, m.request)
+        if wm.tx and m.request and m.key_sample and not m.control:
             self._learn_keys(tgid, wm, min(m.key_sample), max(m.key_sample))
         self._wires[p.key].append(p)
         self._touch(p.key, p.added_ns)
@@ -261,7 +263,7 @@ class Correlator:
             self.counters["framework_without_ids"] += 1
             return
         tx = fm.direction == "send"
-        key = (fm.tgid, tx, meta.app_id, meta.customer_id, meta.timestamp, meta.request)
+        key = (fm.tgid, tx, call_space_of(meta.app_id, meta.customer_id), meta.timestamp, meta.request)
         sizes = tuple(fm.frame_sizes)
         heads = tuple(fm.frame_heads)
         if fm.peer is not None and sizes:
@@ -329,10 +331,10 @@ class Correlator:
     def _compatible(self, f: PendingFw, p: Pending) -> bool:
         m, fm = p.wm.msg, f.fm
         meta = fm.meta
-        if m.kind is Kind.CONTROL:
-            if meta.control_cmd is not None and meta.control_cmd != m.cmd:
+        if m.control:
+            if meta.control_cmd is not None and meta.control_cmd != m.detail().get("cmd"):
                 return False
-        elif meta.push is not None and (m.op is Op.PUSH or m.op is Op.PUSHPULL) != bool(meta.push):
+        elif meta.push is not None and (m.op == "push" or m.op == "pushpull") != bool(meta.push):
             return False
         if f.zmtp_bytes is not None and f.zmtp_bytes != m.total_bytes:
             return False
@@ -379,7 +381,7 @@ class Correlator:
         cannot be those of p's slice. Asked only of groups with several members."""
         heads = f.head_keys
         m = p.wm.msg
-        if not heads or not m.request or m.kind is Kind.CONTROL or not p.wm.tx:
+        if not heads or not m.request or m.control or not p.wm.tx:
             return True
         first, last = heads[0], heads[-1]
         if any(a >= b for a, b in zip(heads, heads[1:])):
@@ -464,7 +466,7 @@ class Correlator:
         p.fw[fm.layer] = fm
         self.counters["bound_evicted"] += put_newest(self._bound, (fm.layer, fm.tgid, fm.sock, fm.peer),
                                                      p.wm.conn.conn_id, LEARNT_MAX)
-        if p.wm.tx and p.wm.msg.request and f.head_keys and p.wm.msg.kind is not Kind.CONTROL:
+        if p.wm.tx and p.wm.msg.request and f.head_keys and not p.wm.msg.control:
             self._learn_keys(p.tgid, p.wm, min(f.head_keys), max(f.head_keys))
         if fm.layer == "zmq" and fm.peer is not None and f.peer_id is not None and not p.wm.tx:
             self.ids.learn_sender(p.wm, f.peer_id)
@@ -545,6 +547,12 @@ class Correlator:
             self._expiry_seq += 1
             heapq.heappush(self._expiry, (oldest + HOLD_NS, self._expiry_seq, key))
 
+    def _node_ids(self, p: Pending) -> tuple[int | None, int | None]:
+        """The sending and receiving node ids, where the protocol names nodes."""
+        if p.wm.msg.pair_scope != PAIR_NODES:
+            return None, None
+        return self.ids.sender(p.wm, p.tgid), self.ids.recver(p.wm, p.tgid)
+
     def _emit_ready(self, final: bool, deadline: float = math.inf) -> bool:
         """Rows out, once their sender and recver are known (or they waited HOLD_NS).
         Rows still waiting are checked again only when an id was learnt. False when
@@ -559,10 +567,9 @@ class Correlator:
             if i % DEADLINE_EVERY == DEADLINE_EVERY - 1 and time.monotonic() >= deadline:
                 del self._ready[:i]
                 return False
-            sender = self.ids.sender(p.wm, p.tgid)
-            recver = self.ids.recver(p.wm, p.tgid)
+            sender, recver = self._node_ids(p)
             if ((sender is None or recver is None) and not final and now - p.added_ns < HOLD_NS
-                    and p.wm.msg.kind is not Kind.CONTROL) or not self._tx_ready(p, final):
+                    and not p.wm.msg.control and p.wm.msg.pair_scope == PAIR_NODES) or not self._tx_ready(p, final):
                 waiting.append(p)   # ids may still be learnt (mid-stream join), times may come
             else:
                 self.emit(p.wm.conn.netns_ino, self._row(p, sender, recver))
@@ -571,8 +578,7 @@ class Correlator:
         i = 0
         while i < len(waiting) and now - waiting[i].added_ns >= HOLD_NS:
             p = waiting[i]
-            self.emit(p.wm.conn.netns_ino, self._row(p, self.ids.sender(p.wm, p.tgid),
-                                                     self.ids.recver(p.wm, p.tgid)))
+            self.emit(p.wm.conn.netns_ino, self._row(p, *self._node_ids(p)))
             i += 1
         if i:
             del waiting[:i]
@@ -653,13 +659,15 @@ class Correlator:
             "remote_ip": conn.remote[0], "remote_port": conn.remote[1],
             "conn_id": conn.conn_id,
             "seq_first": wm.seq_first, "seq_end": wm.seq_end,
-            "control": m.kind is Kind.CONTROL, "cmd": m.cmd, "request": m.request,
-            "op": op_name(m.op.value, m.kind is Kind.CONTROL),
-            "app_id": m.app_id, "customer_id": m.customer_id, "timestamp": m.timestamp,
+            "protocol": m.protocol, "pair_scope": m.pair_scope,
+            "control": m.control, "request": m.request,
+            "op": m.op or "unknown", "op_name": m.op_name,
+            "call_space": m.call_space, "call_id": m.call_id,
             "sender": sender, "recver": recver,
             "num_keys": m.num_keys, "key_sample": list(m.key_sample),
             "key_sample_complete": m.key_sample_complete,
             "value_bytes": m.value_bytes, "msg_bytes": m.total_bytes,
+            "detail": _detail_json(m.detail()),
             "framework_layer": fw.layer if fw is not None else None,
         })
         for col in _SUB_COLS:
@@ -684,6 +692,12 @@ class Correlator:
             if est is not None and est > ts_fw:
                 row["connect_wait_ns"] = est - ts_fw
         return row
+
+
+def _detail_json(d: dict) -> str | None:
+    """A message's own fields as the detail column: compact JSON, null when none (most
+    messages: no encoding on the hot path)."""
+    return json.dumps(d, separators=(",", ":"), sort_keys=True) if d else None
 
 
 def _only_pairing(fs: list, compat: dict) -> list[tuple]:

@@ -71,13 +71,15 @@ class Pipeline:
     def __init__(self, out: Path, host_map: HostMap, meta: dict, framework_on: bool = True,
                  netstack_on: bool = False, shard_interval_s: float = SHARD_INTERVAL_S,
                  hosts: tuple[str, ...] = (), warn: Callable[[str], None] | None = None,
-                 sockcall_fmt: str = "prefix", skews: dict | None = None):
+                 sockcall_fmt: str = "prefix", skews: dict | None = None, protocols: dict | None = None):
         self.out = Path(out)
         self.host_map = host_map
         self.meta = meta
         self.shard_interval_s = shard_interval_s
         self.warn = warn or (lambda m: say("pslat agent", m))
-        self.decoder = StreamDecoder(on_stream=self._emit_stream)
+        self.decoder = StreamDecoder(on_stream=self._emit_stream, forced=protocols)
+        if protocols:
+            self.meta.setdefault("config", {})["protocols"] = {str(k): v for k, v in sorted(protocols.items())}
         self.sockcalls = SockcallAssembler(sockcall_fmt)
         self.meta.setdefault("config", {})["sockcall_format"] = sockcall_fmt
         self.framework = FrameworkDecoder()
@@ -262,6 +264,7 @@ class AgentOptions:
     sample_rate: float | None = None   # share of host pairs kept; None: adapted (agent.shedding)
     nice: int | None = None            # the agent's threads' nice value once attached (agent.priority)
     cpu_budget: float | None = None    # CPU seconds per second the agent may use (agent.shedding)
+    protocols: dict = field(default_factory=dict)   # {port: protocol name} forced (--protocol)
 
 
 def check_prerequisites() -> None:
@@ -378,7 +381,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         meta = base_meta(sel, host_map, config)
         fmt = sockcall_format()
         pipeline = Pipeline(o.out, host_map, meta, framework_on=True, netstack_on=netstack_on,
-                            hosts=named_hosts, warn=log, sockcall_fmt=fmt, skews=skews)
+                            hosts=named_hosts, warn=log, sockcall_fmt=fmt, skews=skews, protocols=o.protocols)
         pipeline.live = aggregates
         if fmt == "items":
             pipeline.decoder.on_sync_hint = live.sync_hint
@@ -528,10 +531,24 @@ _NETNS_AT, _NETNS_END = _netns_slice()
 
 # ---------------------------------------------------------------- replay
 
+def _recorded_protocols(header: dict) -> dict[int, str]:
+    """The --protocol choices a recording was made with (its header is untrusted input:
+    what does not parse is ignored with the rest of the header's advice)."""
+    from parsers.registry import parse_forced
+    got = header.get("config", {}).get("protocols") if isinstance(header.get("config"), dict) else None
+    if not isinstance(got, dict):
+        return {}
+    try:
+        return parse_forced([f"{k}={v}" for k, v in got.items()])
+    except ValueError:
+        return {}
+
+
 def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
-           live=None) -> tuple[Pipeline, float]:
+           live=None, protocols: dict | None = None) -> tuple[Pipeline, float]:
     """A recording through the live decoders; returns the pipeline and the seconds it took.
-    live: an agent.live.LiveAggregates to feed as the live agent would."""
+    live: an agent.live.LiveAggregates to feed as the live agent would; protocols: as
+    AgentOptions.protocols (default: the recording's own)."""
     src = ReplaySource(path)   # a bad recording is refused before --out is made
     check_out(out)
     h = src.header
@@ -543,7 +560,8 @@ def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
     probes = h.get("config", {}).get("probes", h.get("probes", []))
     pipeline = Pipeline(out, host_map, meta, framework_on="framework" in probes,
                         netstack_on=any(p not in ("sockcalls", "framework", NOTE_PROBE) for p in probes),
-                        shard_interval_s=shard_interval_s, sockcall_fmt=h.get("sockcall_format", "prefix"))
+                        shard_interval_s=shard_interval_s, sockcall_fmt=h.get("sockcall_format", "prefix"),
+                        protocols=protocols if protocols is not None else _recorded_protocols(h))
     pipeline.live = live
     t0 = time.perf_counter()
     c0 = time.process_time()

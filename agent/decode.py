@@ -1,4 +1,4 @@
-"""Raw send/recv events -> ps-lite messages, per connection and direction.
+"""Raw send/recv events -> protocol messages, per connection and direction.
 
 Each sockcall event becomes a `Call`: who, which connection, when, which TCP
 sequence range, and a *stream view* of what it moved, relative to the call's
@@ -13,10 +13,12 @@ Today's sockcalls events carry a 256-byte prefix: one piece, the rest not
 captured. The in-kernel frame walker gives several pieces and skips (bytes
 inside frame bodies) per call: only `view_of_*` changes, not what follows.
 
-Per direction of a connection a PsliteStreamParser is fed the pieces and told
-of the rest through gap() (a gap inside a data frame it walks anyway costs
-nothing; one that hides a header makes it resynchronise). A direction first
-seen mid-stream starts hunting at that offset. Stream offsets count from the
+Per direction of a connection a stream parser is fed the pieces and told of the
+rest through gap() (a gap inside a body it walks anyway costs nothing; one that
+hides a header makes it resynchronise). Which protocol's parser: the one forced
+for the connection's port (`--protocol PORT=NAME`), else the one its first
+bytes name, or, for a direction first seen mid-stream, the first whose hunt
+finds sync (parsers/sniff.py). Stream offsets count from the
 byte after the SYN: offset = seq - (isn + 1) mod 2**32, unwrapped.
 
 The output is one `WireMessage` per parsed message, with the calls that moved
@@ -33,9 +35,9 @@ from dataclasses import dataclass, field
 
 from agent.bounded import CONN_IDLE_NS, CONNS_MAX
 from agent.safetext import safe_text
-from parsers.pslite import PsliteStreamParser
-from parsers.pslite.message import PsMessage
 from parsers.pslite.meta import is_node_identity, node_id_of_identity
+from parsers.registry import KERNEL_FRAMINGS, parser_class
+from parsers.sniff import SniffingParser
 from probes import framework as _fw
 from probes.events import (AF_INET, AF_INET6, PID_MAX, SOCKCALL_F_ISN_DERIVED, SOCKCALL_F_ISN_EXACT,
                            TIME_NS_MAX, SockCall, SockcallEvent)
@@ -481,7 +483,7 @@ class Flow:
     """One direction of one connection on one host."""
     tx: bool
     isn: int                 # the ISN this direction's offsets count from
-    parser: PsliteStreamParser
+    parser: object           # a registered protocol's stream parser, or a SniffingParser until it chose
     next_offset: int         # stream offset of the next byte expected
     calls: deque = field(default_factory=deque)   # Call, in stream order
     starts: list = field(default_factory=list)    # their start offsets (for bisect), kept in step
@@ -517,10 +519,10 @@ class Conn:
 
 @dataclass(slots=True)
 class WireMessage:
-    """A ps-lite message parsed from one direction of one connection."""
+    """A message parsed from one direction of one connection (parsers/protocol.py)."""
     conn: Conn
     tx: bool
-    msg: PsMessage
+    msg: object
     first_call: Call | None   # None: the call was no longer kept (or the byte was in a gap)
     last_call: Call | None
     seq_first: int
@@ -581,10 +583,11 @@ class StreamDecoder:
     every call, so its id is the same."""
 
     def __init__(self, key_sample_max: int = 16, on_sync_hint=None, conns_max: int = CONNS_MAX,
-                 idle_ns: int = CONN_IDLE_NS, on_stream=None):
+                 idle_ns: int = CONN_IDLE_NS, on_stream=None, forced: dict[int, str] | None = None):
         """on_sync_hint(sk, tx, seq, frame_index): the parser knows where a frame header
         of a direction the kernel's walker is not following will be (live: tell the
-        walker, probes.sockcalls.set_sync_hint). on_stream(conn, end): a connection is
+        walker, probes.sockcalls.set_sync_hint; only for protocols the walker frames).
+        forced: {port: protocol name}: a connection with either end on the port speaks it. on_stream(conn, end): a connection is
         dropped (end: closed, idle_expired, evicted, reused) or still open at the stop
         (open_at_stop): what it moved (stream_row)."""
         self.key_sample_max = key_sample_max
@@ -592,6 +595,7 @@ class StreamDecoder:
         self.on_stream = on_stream
         self.conns_max = conns_max
         self.idle_ns = idle_ns
+        self.forced = dict(forced or {})
         self.hints = 0
         # (netns, sk, local, remote) -> Conn, least recently active first (agent.bounded)
         self.conns: OrderedDict[tuple, Conn] = OrderedDict()
@@ -710,8 +714,9 @@ class StreamDecoder:
         if flow is None:
             start = rel  # offsets from ISN+1 (from seq 1 when the ISN is unknown)
             mid = not (conn.isn_known and rel == 0)
-            flow = Flow(c.tx, offset_isn, PsliteStreamParser(mid_stream=mid, start_offset=start,
-                                                             key_sample_max=self.key_sample_max),
+            forced = self.forced.get(conn.local[1]) or self.forced.get(conn.remote[1]) if self.forced else None
+            make = parser_class(forced) if forced else SniffingParser
+            flow = Flow(c.tx, offset_isn, make(mid_stream=mid, start_offset=start, key_sample_max=self.key_sample_max),
                         start, mid_stream=mid)
             if c.tx:
                 conn.tx = flow
@@ -794,6 +799,8 @@ class StreamDecoder:
                             out += got
             flow.next_offset = end
             c.view = None   # fed: a kept call needs its times, not its bytes (memory)
+            if type(parser) is SniffingParser and parser.chosen is not None:
+                flow.parser = parser.chosen   # it has seen every byte: fed directly from now on
             if c.kernel_unsynced and self.on_sync_hint is not None:
                 self._hint(conn, flow, c)
         if self._dropped:
@@ -803,7 +810,9 @@ class StreamDecoder:
     def _hint(self, conn: Conn, flow: Flow, c: Call) -> None:
         """The call ended unsynced in the kernel; if the parser is in sync and its next
         byte is a frame header, that is where the walker can start."""
-        at = _next_header(flow.parser)
+        if flow.parser.PROTOCOL not in KERNEL_FRAMINGS:
+            return
+        at = flow.parser.next_sync()
         if at is None or at[0] == flow.hinted_offset or c.exit_ts_ns - flow.hinted_ns < HINT_INTERVAL_NS:
             return
         flow.hinted_offset, flow.hinted_ns = at[0], c.exit_ts_ns
@@ -821,7 +830,7 @@ class StreamDecoder:
                 calls.popleft()
             del starts[:drop]
 
-    def _messages(self, conn: Conn, flow: Flow, msgs: list[PsMessage]) -> list[WireMessage]:
+    def _messages(self, conn: Conn, flow: Flow, msgs: list) -> list[WireMessage]:
         out = []
         base = flow.isn + 1
         tx = flow.tx
@@ -1015,13 +1024,3 @@ def _replace_sender(meta, node: int):
     d = dict(meta.__dict__)
     d["sender"] = node
     return _frozen(_fw.MetaIds, d)
-
-
-def _next_header(parser) -> tuple[int, int] | None:
-    """(stream offset, frame index in its message) of the frame header the parser
-    expects next, when it is in sync and at a header boundary; else None.
-    TODO(lead): reads the parser's private state; parsers/pslite could offer this."""
-    from parsers.pslite.states import _HEADER
-    if not parser.synced or parser._state != _HEADER or parser._hdr:
-        return None
-    return parser.offset, parser._frame_idx

@@ -34,6 +34,7 @@ from collections import Counter, OrderedDict, deque
 from typing import Any, Iterable
 
 from agent.bounded import CONN_IDLE_NS, CONNS_MAX, put_newest
+from parsers.protocol import PAIR_CONNECTION
 
 WINDOW_S = 10
 PER_DECADE = 8
@@ -72,7 +73,7 @@ SUBS = {"client_kernel_rx": ["client_stack_rx", "client_sock_wait", "client_runq
         "server_kernel_tx": ["server_cwnd_wait", "server_rwnd_wait", "server_qdisc_wait"],
         "client_user_tx": ["client_connect_wait"],
         "server_user": ["server_framework_rx", "server_app", "server_framework_tx"]}
-DATA_OPS = ("push", "pull", "pushpull", "simple", "unknown")
+DATA_OPS = ("push", "pull", "pushpull", "simple", "rpc", "unknown")
 
 
 def bucket_of(v_ns: int) -> int:
@@ -303,8 +304,11 @@ class LiveAggregates:
             slot.keys.setdefault(host, Counter()).update(int(k) for k in row["key_sample"])
         request, tx = bool(row.get("request")), row.get("direction") == "tx"
         role = "client" if request == tx else "server"
-        worker, server = (row.get("sender"), row.get("recver")) if request else (row.get("recver"), row.get("sender"))
-        key = (host, role, row.get("app_id"), row.get("customer_id"), row.get("timestamp"), worker, server)
+        if row.get("pair_scope") == PAIR_CONNECTION:
+            worker = server = row.get("conn_id")   # its ends are the connection's
+        else:
+            worker, server = (row.get("sender"), row.get("recver")) if request else (row.get("recver"), row.get("sender"))
+        key = (host, role, row.get("protocol"), row.get("call_space"), row.get("call_id"), worker, server)
         # the two ends come in either order (the correlator emits a row when its stages are
         # complete, and a tx row waits longer for its NIC times than an rx row)
         got = self.pending.pop(key, None)

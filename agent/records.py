@@ -1,7 +1,8 @@
 """The records a host's agent writes, and the ordered stages of one message.
 
-One row of the `messages` table is one application message (a ps-lite request
-or response) as seen on one host, send side or receive side, with the time at
+One row of the `messages` table is one application message (a request, a response
+or a protocol's control message, in any registered protocol: parsers/protocol.py)
+as seen on one host, send side or receive side, with the time at
 which it crossed each layer of that host (DESIGN.md, "The components of one
 request"). Times are CLOCK_MONOTONIC ns of that host; a stage the host's device
 does not have is null and `null_reasons` says why (never a made-up time).
@@ -46,21 +47,6 @@ RX_STAGE_COLUMNS = {
     RxStage.FRAMEWORK_HANDOVER: "ts_framework_ns",
 }
 
-# op: what a message does. "pushpull": variants that fuse both; "simple": ps-lite
-# SimpleApp data (neither); "unknown": a data response whose op the meta does not
-# tell (older ps-lite, see parsers.pslite.PsMessage).
-OPS = ("push", "pull", "pushpull", "control", "simple", "unknown")
-
-
-def op_name(parser_op: str, control: bool) -> str:
-    """The `op` column from the parser's Op value."""
-    if control:
-        return "control"
-    if parser_op == "none":
-        return "simple"
-    return parser_op
-
-
 _ts = pa.int64()
 MESSAGES_SCHEMA = pa.schema([
     ("host_id", pa.string()),
@@ -73,14 +59,20 @@ MESSAGES_SCHEMA = pa.schema([
     ("remote_ip", pa.string()), ("remote_port", pa.int32()),
     ("conn_id", pa.string()),
     ("seq_first", pa.uint32()), ("seq_end", pa.uint32()),  # TCP seq of first byte, one past the last
-    # what the message was (ps-lite)
-    ("control", pa.bool_()), ("cmd", pa.int32()),
-    ("request", pa.bool_()), ("op", pa.string()),          # one of OPS
-    ("app_id", pa.int32()), ("customer_id", pa.int32()), ("timestamp", pa.int32()),
-    ("sender", pa.int32()), ("recver", pa.int32()),
+    # what the message was, as its protocol's parser says (parsers/protocol.py): op in
+    # the shared vocabulary (parsers.protocol.OPS) and op_name in the protocol's own;
+    # call_space and call_id pair a response with its request, on the same connection
+    # or across connections between two node ids (pair_scope); detail: the protocol's
+    # own fields as a JSON object (null when it has none)
+    ("protocol", pa.string()), ("pair_scope", pa.string()),
+    ("control", pa.bool_()), ("request", pa.bool_()),
+    ("op", pa.string()), ("op_name", pa.string()),
+    ("call_space", pa.int64()), ("call_id", pa.int64()),
+    ("sender", pa.int32()), ("recver", pa.int32()),   # node ids, where the protocol names nodes
     ("num_keys", pa.int64()), ("key_sample", pa.list_(pa.uint64())),
-    ("key_sample_complete", pa.bool_()),  # False when lost bytes hid part of the keys frame
-    ("value_bytes", pa.int64()), ("msg_bytes", pa.int64()),  # msg_bytes: ZMTP bytes on the wire
+    ("key_sample_complete", pa.bool_()),  # False when lost bytes hid part of the keys
+    ("value_bytes", pa.int64()), ("msg_bytes", pa.int64()),  # msg_bytes: the protocol's bytes on the wire
+    ("detail", pa.string()),
     ("framework_layer", pa.string()),     # whose time ts_framework_ns is: "zmq" | "ps" | null
     # stages (see TxStage / RxStage); rx rows reuse ts_framework_ns for the hand-over
     ("ts_framework_ns", _ts),

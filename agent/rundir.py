@@ -42,7 +42,7 @@ from agent.safefile import open_regular
 
 META_FILE = "meta.json"
 SHARD_SUFFIX = ".parquet"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: protocol-neutral message ids (parsers/protocol.py); 1: ps-lite's own
 BATCH_ROWS = 256   # rows of a typed table converted to Arrow together, before the shard closes
 
 

@@ -78,8 +78,10 @@ def _rows() -> pa.Table:
     """A pull request and its response, both ends of each (the recording is one host: loopback)."""
     from reports.load import _wanted_schema
 
-    t = pq.read_table(_DATA / "psbench.messages.parquet").to_pandas()
-    pair = t[((t.sender == 9) & (t.recver == 8) | (t.sender == 8) & (t.recver == 9)) & (t.timestamp == 0)
+    from parsers.registry import upgrade_messages
+
+    t = upgrade_messages(pq.read_table(_DATA / "psbench.messages.parquet")).to_pandas()
+    pair = t[((t.sender == 9) & (t.recver == 8) | (t.sender == 8) & (t.recver == 9)) & (t.call_id == 0)
              & ~t.control.astype(bool)]
     # conn_id and null_reasons left out: 700 bytes of text, and libFuzzer's inputs are 2 KiB
     cols = [c for c in _wanted_schema().names if c in pair.columns and pair[c].notna().any()
@@ -92,7 +94,7 @@ def seeds() -> list[bytes]:
     meta = json.dumps(_META, separators=(",", ":")).encode()
     as_json = json.dumps({c: rows.column(c).to_pylist() for c in rows.column_names},
                          separators=(",", ":")).encode()
-    few = rows.select(["host_id", "direction", "op", "request", "sender", "recver", "timestamp",
+    few = rows.select(["host_id", "direction", "op", "request", "sender", "recver", "call_id",
                        "ts_send_first_enter_ns", "ts_recv_last_exit_ns"])
     raw = io.BytesIO()
     pq.write_table(few, raw, compression="none", write_statistics=False, store_schema=False)

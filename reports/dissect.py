@@ -133,8 +133,10 @@ def _table(req: pd.DataFrame, comps: pd.DataFrame) -> pd.DataFrame:
     worker_addr = req["q_rx_remote_ip"].astype(object).where(req["q_rx_remote_ip"].notna(),
                                                              req["p_tx_remote_ip"].astype(object))
     t = pd.DataFrame({
+        "protocol": _first(req, "q_protocol", "p_protocol").astype(object),
         "op": _first(req, "q_op", "p_op").astype(object),
-        "app_id": req["app_id"], "customer_id": req["customer_id"], "timestamp": req["timestamp"],
+        "op_name": _first(req, "q_op_name", "p_op_name").astype(object),
+        "call_space": req["call_space"], "call_id": req["call_id"],
         "worker": req["worker"], "server": req["server"],
         # an untraced host is named by its address as the traced end saw it
         "worker_host": req["worker_host"].where(req["worker_host"].notna(), worker_addr),

@@ -36,11 +36,12 @@ from agent.rundir import META_FILE, SHARD_SUFFIX
 from agent.runmeta import TIME_LIMIT_NS, MetaError, read_meta_checked
 from agent.safefile import NotRegularFile, open_regular
 from agent.safetext import safe_text
+from parsers.registry import LEGACY_MESSAGE_COLUMNS, upgrade_messages
 
 TABLE = "messages"
 # Not needed by the report (key_sample is the heaviest column: a list per row).
-SKIPPED_COLUMNS = frozenset({"key_sample", "tid", "comm", "netns_ino", "cmd", "key_sample_complete",
-                             "framework_layer", "ts_send_last_exit_ns"})
+SKIPPED_COLUMNS = frozenset({"key_sample", "tid", "comm", "netns_ino", "key_sample_complete",
+                             "framework_layer", "ts_send_last_exit_ns", "detail"})
 # Realtime clocks of undisciplined hosts may disagree by this much: run dirs whose
 # [start, last update] intervals are further apart than this are different runs.
 RUN_GAP_TOLERANCE_NS = 300 * 10**9
@@ -164,15 +165,18 @@ def _value_limits(name: str) -> tuple[int, int, str] | None:
 
 
 def read_shard(shard: Path, schema: pa.Schema, columns: list[str],
-               dictionary: tuple[str, ...] = ()) -> tuple[pa.Table, list[str]]:
+               dictionary: tuple[str, ...] = (), upgrade=None) -> tuple[pa.Table, list[str]]:
     """One shard's `columns`, each of its type in `schema` (the text columns in `dictionary`
     dictionary-encoded; a column an older agent did not write is all null), and what was
-    wrong with some of its values (set to null, named). ShardError naming the shard when it
+    wrong with some of its values (set to null, named). upgrade: (columns, table as read,
+    with the columns it names too) -> the table in today's columns, for older formats. ShardError naming the shard when it
     cannot be used: not a regular file, too large, not Parquet, a column of another kind
     (text where a time should be) or whose values do not fit its type."""
     try:
         with open_regular(shard, MAX_SHARD_BYTES) as f:
-            pf = pq.ParquetFile(f, read_dictionary=list(dictionary))
+            pf = pq.ParquetFile(f)
+            if dictionary:   # only the columns the shard has (an older format lacks some): else KeyError
+                pf = pq.ParquetFile(f, read_dictionary=[c for c in dictionary if c in pf.schema_arrow.names])
             md = pf.metadata   # the footer's count and its row groups' may disagree in a forged file
             rows = max(md.num_rows, sum(md.row_group(i).num_rows for i in range(md.num_row_groups)))
             if rows > MAX_SHARD_ROWS:
@@ -184,7 +188,11 @@ def read_shard(shard: Path, schema: pa.Schema, columns: list[str],
                         and _family(have.field(c).type) not in ("null", _family(schema.field(c).type)):
                     raise ShardError(f"{shard}: column {c} is {_type_name(have.field(c).type)}, not "
                                      f"{_type_name(schema.field(c).type)}: shard skipped")
-            tbl = pf.read(columns=[c for c in columns if c in have.names])
+            if upgrade is not None:
+                extra, fix = upgrade
+                tbl = fix(pf.read(columns=[c for c in dict.fromkeys([*columns, *extra]) if c in have.names]))
+            else:
+                tbl = pf.read(columns=[c for c in columns if c in have.names])
     except NotRegularFile as e:
         raise ShardError(f"{e}: shard skipped") from None
     except ShardError:
@@ -224,7 +232,8 @@ def read_shards(path: Path) -> tuple[pa.Table, list[str]]:
     dictionary = tuple(f.name for f in want if pa.types.is_dictionary(f.type))
     for shard in sorted(Path(path).glob(f"{TABLE}-*{SHARD_SUFFIX}")):
         try:
-            tbl, why = read_shard(shard, MESSAGES_SCHEMA, want.names, dictionary)
+            tbl, why = read_shard(shard, MESSAGES_SCHEMA, want.names, dictionary,
+                                  upgrade=(LEGACY_MESSAGE_COLUMNS, upgrade_messages))
         except ShardError as e:
             problems.append(str(e))
             continue

@@ -8,12 +8,14 @@
    disagree is refused, and a key that occurs twice on one side is left
    unpaired rather than guessed. Result: one row per message, `tx_*` and `rx_*`
    columns (null for an end not seen).
-2. A request and its response: ps-lite's (app_id, customer_id, timestamp) plus
-   the worker and server node ids (request: sender -> recver, response:
-   recver <- sender). They travel on different connections (each node's
-   DEALER into the other's ROUTER), so nothing here looks at connections. If a
-   key occurs several times (a restarted worker counting its timestamps from 0
-   again), the n-th request pairs with the n-th response in time order.
+2. A request and its response: the ids its protocol's parser gives them
+   (call_space, call_id: parsers/protocol.py) within the scope of its pairing:
+   for pair_scope "nodes" (ps-lite) between the same worker and server node ids
+   (request: sender -> recver, response: recver <- sender), on any connection
+   (each node's DEALER sends into the other's ROUTER); for "connection" (brpc)
+   on the same TCP connection. If a key occurs several times (a restarted worker
+   counting from 0 again), the n-th request pairs with the n-th response in time
+   order.
 
 Every step is a merge/groupby on whole columns, so it runs per partition on
 Dask as it runs on pandas.
@@ -26,10 +28,11 @@ import numpy as np
 import pandas as pd
 
 from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, TxStage
+from parsers.protocol import PAIR_CONNECTION, PAIR_NODES
 
 FLOW_KEY = ["src_ip", "src_port", "dst_ip", "dst_port", "seq_first", "seq_end"]
-ID_COLUMNS = ["control", "request", "op", "app_id", "customer_id", "timestamp", "sender", "recver",
-              "num_keys", "value_bytes", "msg_bytes", "seq_end"]
+ID_COLUMNS = ["protocol", "pair_scope", "control", "request", "op", "op_name", "call_space", "call_id",
+              "sender", "recver", "num_keys", "value_bytes", "msg_bytes", "seq_end"]
 SUB_INPUTS = ["runq_wait_ns", "busy_wait_ns", "cwnd_wait_ns", "rwnd_wait_ns", "qdisc_wait_ns",
               "connect_wait_ns"]
 SIDE_COLUMNS = ["host_id", "pid", "local_ip", "local_port", "remote_ip", "remote_port", "conn_id",
@@ -38,8 +41,9 @@ SIDE_COLUMNS = ["host_id", "pid", "local_ip", "local_port", "remote_ip", "remote
 TX_COLUMNS = SIDE_COLUMNS + [c for s, c in TX_STAGE_COLUMNS.items() if s is not TxStage.SEND_LAST_EXIT]
 RX_COLUMNS = SIDE_COLUMNS + list(RX_STAGE_COLUMNS.values())
 # ids that both ends of one message must agree on (when both know them)
-_END_CHECK = ["request", "app_id", "customer_id", "timestamp"]
-REQUEST_KEY = ["app_id", "customer_id", "timestamp", "worker", "server"]
+_END_CHECK = ["request", "call_space", "call_id"]
+# _proto, _chan: the protocol and (connection scope) the connection, as category codes
+REQUEST_KEY = ["_proto", "call_space", "call_id", "worker", "server", "_chan"]
 
 
 @dataclass
@@ -171,6 +175,13 @@ class RequestStats:
     messages_unparsed: int = 0           # data messages without the ids to pair them
 
 
+def _codes(col: pd.Series) -> np.ndarray:
+    """A text column's category codes (-1 for null), the same for every row of one frame."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        col = col.astype("category")
+    return col.cat.codes.to_numpy(dtype=np.int64)
+
+
 def _order_ns(msgs: pd.DataFrame, first: str, second: str) -> pd.Series:
     """A host-local time to rank messages with the same ids by (see the module docstring)."""
     t = msgs[first].astype("Float64")
@@ -189,11 +200,20 @@ def pair_requests(msgs: pd.DataFrame) -> tuple[pd.DataFrame, RequestStats]:
     st = RequestStats()
     # masks first, then one filter per half: no copy of every column of the data messages
     data = ((msgs["control"] == False) & msgs["request"].notna()).fillna(False).to_numpy(dtype=bool)  # noqa: E712
-    ids_ok = msgs[["app_id", "customer_id", "timestamp", "sender", "recver"]].notna().all(axis=1).to_numpy()
+    scope = msgs["pair_scope"].astype(object).to_numpy()
+    nodes = scope == PAIR_NODES
+    conn = scope == PAIR_CONNECTION
+    chan = _codes(msgs["tx_conn_id"]) if "tx_conn_id" in msgs else np.full(len(msgs), -1)
+    if "rx_conn_id" in msgs:
+        chan = np.where(chan >= 0, chan, _codes(msgs["rx_conn_id"]))
+    has_id = msgs["call_id"].notna().to_numpy()
+    ids_ok = has_id & ((nodes & msgs[["sender", "recver"]].notna().all(axis=1).to_numpy()) | (conn & (chan >= 0)))
     st.messages_unparsed = int((data & ~ids_ok).sum())
     is_req = (msgs["request"] == True).fillna(False).to_numpy(dtype=bool)  # noqa: E712
+    msgs = msgs.assign(_proto=_codes(msgs["protocol"]), _chan=np.where(conn, chan, -1))
     req = msgs[data & ids_ok & is_req]     # new frames (copy-on-write): no .copy()
     resp = msgs[data & ids_ok & ~is_req]   # `request` is known on data rows: not a request = a response
+    # node ids name the two ends where the protocol has them; on a connection its ends do
     req["worker"], req["server"] = req["sender"], req["recver"]
     resp["worker"], resp["server"] = resp["recver"], resp["sender"]
     # the worker's clock orders both: the request leaves it, the response arrives at it
@@ -210,6 +230,6 @@ def pair_requests(msgs: pd.DataFrame) -> tuple[pd.DataFrame, RequestStats]:
     both = j["_merge"] == "both"
     if not both.all():   # a filter copies the whole table (1M requests: 1.3 GB more at the peak)
         j = j[both]
-    j = j.drop(columns=["_merge", "_n"]).reset_index(drop=True)
+    j = j.drop(columns=["_merge", "_n", "_proto", "_chan"]).reset_index(drop=True)
     st.requests = len(j)
     return j, st

@@ -162,7 +162,7 @@ def simulate(out: Path, sim: Sim) -> dict:
     return {"slices": truth, "clocks": clocks}
 
 
-TRUTH_KEY = ["worker", "server", "timestamp"]
+TRUTH_KEY = ["worker", "server", "call_id"]
 
 
 def joined_to_truth(dissection, truth: dict) -> pd.DataFrame:
@@ -191,7 +191,7 @@ def _truth(sim, P, wh, sh, node, ts, op, d, sub) -> pd.DataFrame:
         rows = wh == w
         Pc[rows] = _clock(sim, w, P[rows])
     t = pd.DataFrame({"worker": [node[w] for w in wh], "server": [node[s] for s in sh],
-                      "worker_host": wh, "server_host": sh, "timestamp": ts, "op": op})
+                      "worker_host": wh, "server_host": sh, "call_id": ts, "op": op})
     for k, c in enumerate(BASE):
         t[c] = Pc[:, k + 1] - Pc[:, k]
     t["e2e"] = Pc[:, 13] - Pc[:, 0]
@@ -226,9 +226,10 @@ def _rows(sim, rng, P, d, sub, wh, sh, ts, op, node, ip, router_port, pair, epoc
             src, dst, sport = sh, wh, 50000 + pair
             dport = np.array([router_port[w] for w in wh])
         cid = _conn_ids(src, sport, dst, dport, isn_dir, ip)
-        ids = {"app_id": 0, "customer_id": 0, "timestamp": ts,
+        # as parsers.pslite gives them (a simulated ps-lite job)
+        ids = {"protocol": "pslite", "pair_scope": "nodes", "call_space": 0, "call_id": ts,
                "sender": np.array([node[h] for h in src]), "recver": np.array([node[h] for h in dst]),
-               "request": kind == "req", "control": False, "cmd": 0, "op": op, "num_keys": 8,
+               "request": kind == "req", "control": False, "op": op, "op_name": op, "num_keys": 8,
                "msg_bytes": nbytes, "value_bytes": np.maximum(nbytes - 200, 0)}
         m = dict(src=src, dst=dst, sport=sport, dport=dport, cid=cid, seq_first=seq_first, seq_end=seq_end)
         for dirn in ("tx", "rx"):
@@ -239,9 +240,10 @@ def _rows(sim, rng, P, d, sub, wh, sh, ts, op, node, ip, router_port, pair, epoc
             c = np.flatnonzero(ctl)
             mc = {k: v[c] for k, v in m.items()}
             mc["seq_first"], mc["seq_end"] = (seq_first[c] - 64) % 2**32, seq_first[c]
-            cids = {"app_id": None, "customer_id": None, "timestamp": None, "sender": ids["sender"][c],
-                    "recver": ids["recver"][c], "request": True, "control": True, "cmd": 4,
-                    "op": "control", "num_keys": 0, "msg_bytes": 64, "value_bytes": 0}
+            cids = {"protocol": "pslite", "pair_scope": "nodes", "call_space": None, "call_id": None,
+                    "sender": ids["sender"][c], "recver": ids["recver"][c], "request": True, "control": True,
+                    "op": "control", "op_name": "ACK", "detail": '{"cmd":4}', "num_keys": 0, "msg_bytes": 64,
+                    "value_bytes": 0}
             for dirn in ("tx", "rx"):
                 # sent 100 us before the data message, with causal stage times like it
                 f = _end(sim, dirn, kind, mc, cids, P[c] - 100_000, {k: v[c] for k, v in sub.items()},

@@ -64,9 +64,9 @@ def add_views(out: Path, v: ViewSim) -> dict:
     ids = []
     for host, files in shards.items():
         for f in files:
-            t = pq.read_table(f, columns=["sender", "recver", "timestamp", "request", "control", "op"]).to_pandas()
+            t = pq.read_table(f, columns=["sender", "recver", "call_id", "request", "control", "op"]).to_pandas()
             ids.append(t[(t["control"] == False) & (t["request"] == True)])  # noqa: E712
-    ids = pd.concat(ids).drop_duplicates(["sender", "recver", "timestamp"]).reset_index(drop=True)
+    ids = pd.concat(ids).drop_duplicates(["sender", "recver", "call_id"]).reset_index(drop=True)
     n = len(ids)
     ranks = np.sort(_zipf_ranks(rng, v.key_space, v.zipf_s, (n, v.keys_per_request)), axis=1)
     keys = ranks.astype(np.uint64) * _SCATTER
@@ -89,8 +89,8 @@ def add_views(out: Path, v: ViewSim) -> dict:
     for host, files in shards.items():
         for f in files:
             t = pq.read_table(f).to_pandas()
-            m = t.merge(ids[["sender", "recver", "timestamp", "_row"]], how="left",
-                        on=["sender", "recver", "timestamp"])
+            m = t.merge(ids[["sender", "recver", "call_id", "_row"]], how="left",
+                        on=["sender", "recver", "call_id"])
             is_req = ((t["control"] == False) & (t["request"] == True)).to_numpy()  # noqa: E712
             r = m["_row"].to_numpy()
             t["key_sample"] = [samples[int(x)] if q else [] for x, q in zip(r, is_req)]

@@ -168,7 +168,8 @@ def build_trace(d, run_dirs: list[Path] | None = None, max_requests: int = MAX_R
     comp_vals = {c: req[c].to_numpy(dtype=np.float64, na_value=np.nan).tolist() for c in C.COMPONENTS + C.SUBS}
     folded = req["folded"].astype(object).to_numpy()
     cols = {c: req[c].astype(object).where(req[c].notna(), None).tolist()
-            for c in ("op", "worker_host", "server_host", "app_id", "timestamp", "worker", "server", "num_keys",
+            for c in ("op", "op_name", "protocol", "worker_host", "server_host", "call_space", "call_id", "worker",
+                      "server", "num_keys",
                       "req_bytes", "resp_bytes", "e2e")}
     threads = {k: (f["tid"].astype(object).where(f["tid"].notna(), None).tolist(),
                    f["comm"].astype(object).where(f["comm"].notna(), None).tolist()) for k, f in (("w", wt), ("s", st))} \
@@ -181,7 +182,8 @@ def build_trace(d, run_dirs: list[Path] | None = None, max_requests: int = MAX_R
         seq = span_sequence(folded[i], present)
         vals = {c: int(comp_vals[c][i]) for c in present}
         op, wh, sh = str(r["op"]), str(r["worker_host"]), str(r["server_host"])
-        args = {"app_id": _int(r["app_id"]), "timestamp": _int(r["timestamp"]), "worker_node": _int(r["worker"]),
+        args = {"protocol": _str(r["protocol"]), "op_name": _str(r["op_name"]), "call_space": _int(r["call_space"]),
+                "call_id": _int(r["call_id"]), "worker_node": _int(r["worker"]),
                 "server_node": _int(r["server"]), "num_keys": _int(r["num_keys"]),
                 "req_bytes": _int(r["req_bytes"]), "resp_bytes": _int(r["resp_bytes"]), "e2e_us": _us(e2e)}
         args.update({f"{s}_us": _us(int(comp_vals[s][i])) for s in ARG_SUBS if not _nan(comp_vals[s][i])})

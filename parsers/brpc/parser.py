@@ -120,11 +120,42 @@ class BrpcMessage:
     lost_bytes: int  # bytes of this message announced lost (walked over)
 
     protocol = PROTOCOL
+    # what every protocol's message gives (parsers/protocol.py)
+    pair_scope = PAIRING_SCOPE
+    control = False
+    call_space = None         # one correlation-id counter per connection
+    sender_node_id = None     # baidu_std names no nodes
+    nodes = ()
 
     @property
     def total_bytes(self) -> int:
         """Bytes on the wire: header, meta, payload and attachment."""
         return self.end_offset - self.first_byte_offset
+
+    @property
+    def call_id(self) -> int | None:
+        return self.correlation_id
+
+    @property
+    def value_bytes(self) -> int:
+        return self.attachment_bytes
+
+    @property
+    def op_name(self) -> str | None:
+        """Paddle's command name (or cmd_<id>), else service/method; None for a response."""
+        if self.cmd_name is not None:
+            return self.cmd_name
+        if self.cmd_id is not None:
+            return f"cmd_{self.cmd_id}"
+        if self.service_name is not None or self.method_name is not None:
+            return f"{self.service_name or ''}/{self.method_name or ''}"
+        return None
+
+    def detail(self) -> dict:
+        d = {"table_id": self.table_id, "cmd_id": self.cmd_id, "error_code": self.error_code or None,
+             "ps_err_code": self.ps_err_code or None, "keys_reason": self.keys_reason,
+             "compress_type": self.compress_type or None, "log_id": self.log_id or None}
+        return {k: v for k, v in d.items() if v is not None}
 
 
 def _gather(buf: bytearray, mv, pos: int, need: int):
@@ -245,6 +276,22 @@ class BrpcStreamParser:
     def recognised(self) -> bool:
         """The stream spoke baidu_std: a message was parsed (and confirmed)."""
         return self.stats().messages > 0
+
+    @staticmethod
+    def starts_stream(prefix) -> bool | None:
+        """Whether a stream whose first bytes are `prefix` speaks baidu_std (None: too
+        few bytes to tell)."""
+        n = min(len(prefix), len(MAGIC))
+        if bytes(prefix[:n]) != MAGIC[:n]:
+            return False
+        return True if n == len(MAGIC) else None
+
+    def next_sync(self) -> tuple[int, int] | None:
+        """(stream offset, 0) of the header expected next, when in sync between messages:
+        where the kernel's walker can start."""
+        if not self.synced or self._state != _HEADER or self._hdr:
+            return None
+        return self.offset, 0
 
     def stats(self) -> ParserStats:
         # while tentative, what the chain consumed is pending: count from the snapshot

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from .meta import DATA_TYPE_BYTES, PBMeta, DataType
+from parsers.protocol import PAIR_NODES
+
+from .meta import DATA_TYPE_BYTES, Cmd, DataType, PBMeta
 
 # What a data frame may claim as its element type: ps::DataType values (0..11)
 MAX_DATA_TYPE = max(DataType)
@@ -55,7 +57,10 @@ class PsMessage:
     Offsets count bytes from the connection's first byte in this direction (the
     byte after the SYN), so TCP sequence = initial sequence + 1 + offset (mod 2**32).
 
-    `op`: newer ps-lite sends both `push` and `pull`; then they are taken as they
+    The fields are ps-lite's; the properties below them are what every protocol's
+    message gives (parsers/protocol.py).
+
+    `ps_op`: newer ps-lite sends both `push` and `pull`; then they are taken as they
     are. Older ps-lite, such as the copy inside MXNet, has no `pull` field: a data
     request that is not a push is then a pull; a response with `push` set answers a
     push; a response without it that carries data frames answers a pull; a response
@@ -67,7 +72,7 @@ class PsMessage:
     kind: Kind
     cmd: int  # ps::Control::Command for control messages; 0 (EMPTY) for data
     request: bool
-    op: Op
+    ps_op: Op
     has_pull_field: bool  # False for older ps-lite (MXNet): op was inferred
     simple_app: bool
     head: int
@@ -83,6 +88,16 @@ class PsMessage:
     meta_bytes: int  # size of the PBMeta frame body
     data_types: tuple[int, ...]
     nodes: tuple[NodeInfo, ...]  # control messages (ADD_NODE...): the nodes they list
+    # what every protocol's message gives (parsers/protocol.py), worked out once by
+    # ps_message(): they are read several times per message on the agent's hot path
+    control: bool
+    op: str              # shared vocabulary: control, simple (SimpleApp data), or ps_op's value
+    op_name: str         # the command's name for control messages (ps::Control::Command), else the op
+    call_space: int | None   # app_id and customer_id (call_space_of)
+    call_id: int | None      # the timestamp
+
+    protocol = "pslite"
+    pair_scope = PAIR_NODES
 
     @property
     def total_bytes(self) -> int:
@@ -93,6 +108,63 @@ class PsMessage:
     def end_offset(self) -> int:
         """The stream offset just after the message (exclusive end)."""
         return self.last_byte_offset + 1
+
+    def detail(self) -> dict:
+        """What call_space, call_id and op_name leave out (app_id and customer_id are
+        call_space: ids_of_call_space)."""
+        if self.kind is Kind.CONTROL:
+            return {"cmd": self.cmd}
+        return {"simple_app": True} if self.simple_app else {}
+
+
+_CMD_NAMES = {c.value: c.name for c in Cmd}
+
+
+def ps_message(first: int, last: int, meta: "MetaInfo", ps_op: Op, sender_node_id, num_keys: int,
+               key_sample: tuple, key_sample_complete: bool, value_bytes: int, data_frames: int,
+               meta_bytes: int) -> PsMessage:
+    """A PsMessage of a parsed meta, with the protocol-neutral fields filled in."""
+    control = meta.kind is Kind.CONTROL
+    if control:
+        op, op_name = "control", _CMD_NAMES.get(meta.cmd) or f"cmd_{meta.cmd}"
+    elif ps_op is Op.NONE:
+        op, op_name = "simple", "simple_app"
+    else:
+        op = op_name = ps_op.value
+    return PsMessage(first, last, meta.kind, meta.cmd, meta.request, ps_op, meta.pull is not None,
+                     meta.simple_app, meta.head, meta.app_id, meta.customer_id, meta.timestamp, sender_node_id,
+                     num_keys, key_sample, key_sample_complete, value_bytes, data_frames, meta_bytes,
+                     meta.data_types, meta.nodes, control, op, op_name,
+                     call_space_of(meta.app_id, meta.customer_id), meta.timestamp)
+
+
+# a half of call_space whose field the meta left out (ps-lite sets app_id on a control
+# message without customer_id): no id ps-lite gives out (they count up from 0)
+ABSENT_ID = -(1 << 31)
+
+
+def call_space_of(app_id: int | None, customer_id: int | None) -> int | None:
+    """app_id and customer_id (each an int32 of PBMeta) in one int64; None when both are
+    absent, an absent half as ABSENT_ID."""
+    if app_id is None and customer_id is None:
+        return None
+    a = ABSENT_ID if app_id is None else app_id
+    c = ABSENT_ID if customer_id is None else customer_id
+    v = (a & 0xFFFFFFFF) << 32 | (c & 0xFFFFFFFF)
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def ids_of_call_space(call_space: int | None) -> tuple[int | None, int | None]:
+    """(app_id, customer_id) back from PsMessage.call_space."""
+    if call_space is None:
+        return None, None
+    v = call_space & 0xFFFFFFFFFFFFFFFF
+
+    def s32(x: int) -> int | None:
+        x = x - (1 << 32) if x >= 1 << 31 else x
+        return None if x == ABSENT_ID else x
+
+    return s32(v >> 32), s32(v & 0xFFFFFFFF)
 
 
 @dataclass(slots=True)

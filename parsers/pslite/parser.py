@@ -27,12 +27,13 @@ Nothing raises on bad input.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 
+from parsers.protocol import ParserStats
+
 from .keysample import KEY_BYTES, KeySampler, bottom_k
-from .message import KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes, infer_op, read_meta
+from .message import KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes, infer_op, ps_message, read_meta
 from .meta import is_node_identity, node_id_of_identity
 from .resync import ResyncMixin
 from .states import (_COMMAND, _DATA, _DISCARD, _GAP, _GREETING, _HEADER, _HUNT, _KEYS,
@@ -49,30 +50,6 @@ COMMAND_MAX_BYTES = 65536
 KEYS_BUFFER_MAX_BYTES = 4096
 # A data frame claiming more than this while a chain is still tentative is not believed.
 TENTATIVE_FRAME_MAX_BYTES = 1 << 34
-
-
-@dataclass(slots=True)
-class ParserStats:
-    """Byte and message counters of one stream (all since the parser was made).
-
-    fed_bytes + gap_bytes == message_bytes + handshake_bytes + unparsed_bytes
-                             + lost_bytes + pending_bytes
-    (gap bytes that fell inside a data frame the parser skips anyway are not lost:
-    they are part of that message's bytes).
-    """
-    fed_bytes: int
-    gap_bytes: int
-    message_bytes: int
-    handshake_bytes: int  # greeting and ZMTP commands
-    unparsed_bytes: int  # seen but not understood: garbage, partial messages cut by a gap
-    lost_bytes: int  # announced lost by gap() and not absorbed inside a skipped frame
-    pending_bytes: int  # in a message or a hunting window still in progress
-    messages: int
-    resyncs: int  # times sync was found by hunting (mid-stream start, after a gap or garbage)
-    desyncs: int  # times a synced stream met bytes that made no sense and went hunting
-    # values from the wire refused because no column could hold them (a READY identity
-    # "ps<digits>" whose node id does not fit the sender column's int32)
-    values_rejected: int = 0
 
 
 class PsliteStreamParser(ResyncMixin):
@@ -232,6 +209,21 @@ class PsliteStreamParser(ResyncMixin):
     def recognised(self) -> bool:
         """The stream spoke this protocol: a greeting, a command or a message was parsed."""
         return self._messages > 0 or self._hs_bytes > 0
+
+    @staticmethod
+    def starts_stream(prefix) -> bool | None:
+        """Whether a stream whose first bytes are `prefix` speaks ZMTP 3 (None: too few
+        bytes to tell)."""
+        if not greeting_prefix_ok(prefix):
+            return False
+        return True if len(prefix) > 10 else None
+
+    def next_sync(self) -> tuple[int, int] | None:
+        """(stream offset, frame index in its message) of the frame header expected next,
+        when in sync at a header boundary: where the kernel's walker can start."""
+        if not self.synced or self._state != _HEADER or self._hdr:
+            return None
+        return self.offset, self._frame_idx
 
     def stats(self) -> ParserStats:
         # while tentative, what the chain consumed is pending: count from the snapshot
@@ -531,12 +523,8 @@ class PsliteStreamParser(ResyncMixin):
         else:
             sample, complete = self._sample, True
         data_frames = self._frame_idx
-        msg = PsMessage(
-            self._msg_first, end_abs - 1, meta.kind, meta.cmd, meta.request,
-            infer_op(meta, data_frames), meta.pull is not None, meta.simple_app, meta.head,
-            meta.app_id, meta.customer_id, meta.timestamp, self.sender_node_id,
-            self._num_keys, sample, complete, self._value_bytes, data_frames,
-            self._meta_bytes, meta.data_types, meta.nodes)
+        msg = ps_message(self._msg_first, end_abs - 1, meta, infer_op(meta, data_frames), self.sender_node_id,
+                         self._num_keys, sample, complete, self._value_bytes, data_frames, self._meta_bytes)
         self._messages += 1
         self._msg_bytes += end_abs - self._acct
         self._acct = end_abs

@@ -31,6 +31,7 @@ import pytest
 from agent.decode import sockcall_format
 from probes import sockcalls as sockcalls_probe
 from agent.rundir import read_run_dir
+from parsers.pslite.legacy import ps_ids
 from workloads.cluster.cluster import Cluster
 from workloads.psbench.launch import launch_in_cluster
 
@@ -102,7 +103,8 @@ def _tables(out: Path) -> tuple[pd.DataFrame, dict]:
         metas[rd.meta["host_id"]] = rd.meta
         if "messages" in rd.tables:
             frames.append(rd.tables["messages"])
-    return pd.concat(frames, ignore_index=True), metas
+    m = pd.concat(frames, ignore_index=True)
+    return pd.concat([m, ps_ids(m)], axis=1), metas   # ps-lite's ids, to compare with psbench's
 
 
 class _Group:

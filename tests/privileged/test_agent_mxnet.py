@@ -32,6 +32,7 @@ import pytest
 
 from agent.child import AgentProcess
 from agent.rundir import read_run_dir
+from parsers.pslite.legacy import ps_ids
 from reports.dissect import dissect
 from workloads.cluster.cluster import Cluster
 from workloads.mxnet import oplog, runner, venv
@@ -56,7 +57,8 @@ def _tables(out: Path) -> pd.DataFrame:
         assert rd.problems == []
         if "messages" in rd.tables:
             frames.append(rd.tables["messages"])
-    return pd.concat(frames, ignore_index=True)
+    m = pd.concat(frames, ignore_index=True)
+    return pd.concat([m, ps_ids(m)], axis=1)   # ps-lite's ids, to compare with the op logs
 
 
 def _run_job(cluster, tmp_path: Path, mode: str) -> runner.MxnetResult:
@@ -173,8 +175,9 @@ def _check_report(out: Path, results, stats_by_mode: dict) -> dict:
         by_ids = stats_by_mode[res.mode]["by_ids"]
         pids = {p.pid for p in res.processes}
         q = d.complete[d.complete.worker_pid.isin(pids)].copy()
-        q["key"] = list(zip(q.worker.astype(int), q.server.astype(int), q.app_id.astype(int),
-                            q.customer_id.astype(int), q.timestamp.astype(int)))
+        ids = ps_ids(q)
+        q["key"] = list(zip(q.worker.astype(int), q.server.astype(int), ids.app_id.astype(int),
+                            ids.customer_id.astype(int), ids.timestamp.astype(int)))
         data = q[q.op.isin(["push", "pull"])]
         assert set(by_ids) <= set(data.key), \
             f"{res.mode}: {len(set(by_ids) - set(data.key))} of {len(by_ids)} logged slices not paired in the report"

@@ -354,7 +354,7 @@ def test_random_bytes_between_messages_the_parser_resyncs_and_finds_every_messag
     after = set(range(MSGS_BEFORE, sent["sent"]))
     for direction in ("tx", "rx"):   # the sender's copy and the receiver's, both traced here
         side = conn[(conn.direction == direction) & conn.request]
-        ts = set(side["timestamp"].dropna().astype(int))
+        ts = set(side["call_id"].dropna().astype(int))
         assert ts <= set(range(sent["sent"])), f"{direction}: invented messages {sorted(ts - set(range(sent['sent'])))}"
         missing = sorted(set(range(sent["sent"])) - ts)
         figure(f"{pacing}_{recv_bytes}_{direction}_messages_missed_after_garbage",
@@ -363,9 +363,9 @@ def test_random_bytes_between_messages_the_parser_resyncs_and_finds_every_messag
         # whatever the reads' sizes; nothing before the garbage is lost either
         assert not missing, f"{direction}: missing {missing}"
         assert (side["op"] == "push").all()
-        assert (side.loc[side.timestamp.isin(after), "num_keys"] == 8).all()
+        assert (side.loc[side.call_id.isin(after), "num_keys"] == 8).all()
     answer = conn[~conn.request]
-    assert set(answer.direction) == {"tx", "rx"} and (answer.timestamp == 0).all(), answer
+    assert set(answer.direction) == {"tx", "rx"} and (answer.call_id == 0).all(), answer
 
 
 def test_random_bytes_between_messages_counted_unparsed(garbage_run):

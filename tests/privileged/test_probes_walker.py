@@ -318,7 +318,7 @@ def check_messages(got: list, sent: list[list[bytes]]) -> None:
     assert len(got) == len(sent), (len(got), len(sent))
     for m, frames in zip(got, sent):
         keys = np.frombuffer(frames[1], "<u8")
-        assert (m.app_id, m.customer_id, m.request, m.op.value) == (1, 2, True, "push")
+        assert (m.app_id, m.customer_id, m.request, m.ps_op.value) == (1, 2, True, "push")
         assert m.num_keys == len(keys) and m.value_bytes == len(frames[2]) and m.data_frames == len(frames) - 1
         assert set(m.key_sample) <= set(keys.tolist())
     assert [m.timestamp for m in got] == [expected_timestamp(f) for f in sent]

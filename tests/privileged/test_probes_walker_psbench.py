@@ -68,7 +68,7 @@ def test_walker_joins_a_running_psbench_job(tmp_path):
         got = set()
         for key, d in directions(cap.calls, mid_stream=True).items():
             if key[0] in pids and key[2] == is_send:
-                got |= {(m.app_id, m.customer_id, m.timestamp, m.op.value, m.num_keys)
+                got |= {(m.app_id, m.customer_id, m.timestamp, m.ps_op.value, m.num_keys)
                         for m in d.messages if m.request and m.kind.value == "data"}
         found = len(want & got)
         print(f"\n{'worker sends' if is_send else 'server receives'}: {found} of {len(want)} requests")

@@ -107,7 +107,7 @@ def test_identical_twins_stay_unmatched_with_a_reason_until_a_binding_settles_th
         for wm in rig.dec.feed(rig.asm.feed(r)):
             rig.cor.on_message(wm)
     rows = rig.close()
-    got = {(r["remote_ip"], r["timestamp"]): r["ts_framework_ns"] for r in rows}
+    got = {(r["remote_ip"], r["call_id"]): r["ts_framework_ns"] for r in rows}
     assert got == {("10.0.0.1", 1): 100, ("10.0.0.3", 1): 200, ("10.0.0.1", 3): 4_000, ("10.0.0.3", 3): 3_000}
 
 
@@ -250,7 +250,7 @@ class Worker:
 
 
 def _fw_times(rows, ts):
-    return {r["remote_ip"]: r["ts_framework_ns"] for r in rows if r["timestamp"] == ts}
+    return {r["remote_ip"]: r["ts_framework_ns"] for r in rows if r["call_id"] == ts}
 
 
 def test_fresh_sockets_after_a_reconnect_told_apart_by_the_servers_key_ranges():
@@ -306,7 +306,7 @@ def test_servers_whose_keys_interleave_teach_no_ranges():
     w.connect(4, S_HIGH)
     w.request(1, [(0xC, 3, S_LOW, [k + 1 for k in odd], ()), (0xD, 4, S_HIGH, [k + 1 for k in even], ())],
               at=2 * correlate.SETTLE_NS + 2_000_000)
-    rows = [r for r in rig.close() if r["timestamp"] == 1]
+    rows = [r for r in rig.close() if r["call_id"] == 1]
     assert [r["ts_framework_ns"] for r in rows] == [None, None]
     assert all("told apart" in r["null_reasons"] for r in rows)
 

@@ -79,6 +79,6 @@ def test_an_out_of_range_identity_leaves_a_complete_run_dir(tmp_path):
     rd = read_run_dir(tmp_path / "out" / "victim")
     assert rd.meta["closed"] is True
     msgs = rd.tables["messages"]
-    assert list(msgs.timestamp) == [0, 1, 2] and msgs.sender.isna().all()
+    assert list(msgs.call_id) == [0, 1, 2] and msgs.sender.isna().all()
     assert rd.meta["counters"]["values_rejected"] == 1
     assert rd.meta["counters"]["events_undecodable"] == {}

@@ -58,12 +58,12 @@ def test_counts_of_what_could_not_be_paired(jittery):
 def test_ends_refused_when_ids_disagree():
     """Same 4-tuple and sequence range but other ps-lite ids: not one message (no guess)."""
     base = dict(local_port=1, remote_port=2, conn_id="a:1#5-b:2#9", seq_first=10, seq_end=20,
-                control=False, request=True, op="push", app_id=0, customer_id=0, sender=9, recver=8,
+                control=False, request=True, op="push", protocol="pslite", pair_scope="nodes", call_space=0, sender=9, recver=8,
                 num_keys=1, value_bytes=1, msg_bytes=10, pid=1, null_reasons="")
-    tx = dict(base, host_id="w0", direction="tx", local_ip="a", remote_ip="b", timestamp=1)
+    tx = dict(base, host_id="w0", direction="tx", local_ip="a", remote_ip="b", call_id=1)
     rx = dict(base, host_id="ps0", direction="rx", local_ip="b", remote_ip="a", local_port=2, remote_port=1,
-              timestamp=2)
-    rx_ok = dict(rx, timestamp=1, seq_first=20, seq_end=30)
+              call_id=2)
+    rx_ok = dict(rx, call_id=1, seq_first=20, seq_end=30)
     tx_ok = dict(tx, seq_first=20, seq_end=30)
     m = _frame([tx, rx, tx_ok, rx_ok])
     msgs, st = pair_ends(m)
@@ -74,7 +74,7 @@ def test_ends_refused_when_ids_disagree():
 def test_reconnect_with_new_isns_is_another_connection():
     """A conn_id with other ISNs on both ends (known) refuses the pair even if seq matches."""
     base = dict(local_port=1, remote_port=2, seq_first=10, seq_end=20, control=False, request=True,
-                op="push", app_id=0, customer_id=0, sender=9, recver=8, timestamp=1, pid=1, null_reasons="")
+                op="push", protocol="pslite", pair_scope="nodes", call_space=0, sender=9, recver=8, call_id=1, pid=1, null_reasons="")
     tx = dict(base, host_id="w0", direction="tx", local_ip="a", remote_ip="b", conn_id="a:1#5-b:2#9")
     rx = dict(base, host_id="ps0", direction="rx", local_ip="b", remote_ip="a", local_port=2, remote_port=1,
               conn_id="a:1#6-b:2#7")
@@ -89,7 +89,7 @@ def test_repeated_ids_pair_in_time_order():
     """A worker that restarted counts timestamps from 0 again: the n-th request with the n-th response."""
     rows = []
     for k, t in enumerate((1_000, 9_000)):
-        ids = dict(control=False, app_id=0, customer_id=0, timestamp=0, op="pull")
+        ids = dict(control=False, protocol="pslite", pair_scope="nodes", call_space=0, call_id=0, op="pull")
         rows.append(dict(ids, request=True, sender=9, recver=8, tx_ts_send_first_enter_ns=t,
                          rx_ts_recv_last_exit_ns=t + 100, tag=f"q{k}"))
         rows.append(dict(ids, request=False, sender=8, recver=9, tx_ts_send_first_enter_ns=t + 200,
@@ -103,10 +103,10 @@ def test_repeated_ids_pair_in_time_order():
 
 
 def test_messages_without_ids_are_counted_not_paired():
-    ids = dict(control=False, app_id=0, customer_id=0, op="pull", tx_ts_send_first_enter_ns=1,
+    ids = dict(control=False, protocol="pslite", pair_scope="nodes", call_space=0, op="pull", tx_ts_send_first_enter_ns=1,
                rx_ts_recv_last_exit_ns=2)
-    msgs = pd.DataFrame([dict(ids, request=True, timestamp=0, sender=9, recver=None),
-                         dict(ids, request=False, timestamp=0, sender=8, recver=9)])
+    msgs = pd.DataFrame([dict(ids, request=True, call_id=0, sender=9, recver=None),
+                         dict(ids, request=False, call_id=0, sender=8, recver=9)])
     msgs["recver"] = msgs["recver"].astype("Int64")
     _, st = pair_requests(msgs)
     assert (st.requests, st.messages_unparsed, st.messages_without_request) == (0, 1, 1)

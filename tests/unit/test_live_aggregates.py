@@ -17,7 +17,7 @@ from agent.rundir import read_run_dir
 DATA = Path(__file__).resolve().parents[1] / "data"
 REC = DATA / "agent" / "psbench.rec.gz"
 SNAPSHOT = DATA / "live" / "psbench.snapshot.json"
-IDS = ["app_id", "customer_id", "timestamp"]
+IDS = ["protocol", "call_space", "call_id"]
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ def test_every_request_slice_is_found_on_its_connection():
                 continue
             assert ROLE_OF[m.sender_node_id] == "worker"
             recver = next(n for n, port in PORT_OF.items() if port == st["dport"])
-            seen[(m.sender_node_id, recver, m.timestamp, m.op.value, m.num_keys)] += 1
+            seen[(m.sender_node_id, recver, m.timestamp, m.ps_op.value, m.num_keys)] += 1
             # psbench counts meta + data frame bodies; we count their frame headers too
             headers = m.total_bytes - req_bytes[(m.sender_node_id, m.timestamp)]
             assert 2 * (1 + m.data_frames) <= headers <= 9 * (1 + m.data_frames)
@@ -77,7 +77,7 @@ def test_every_response_is_found_on_the_reverse_connection():
         for m in msgs:
             if m.kind.value == "data" and not m.request:
                 to = next(n for n, port in PORT_OF.items() if port == st["dport"])
-                seen[(m.sender_node_id, to, m.timestamp, m.op.value)] += 1
+                seen[(m.sender_node_id, to, m.timestamp, m.ps_op.value)] += 1
     assert seen == truth
 
 

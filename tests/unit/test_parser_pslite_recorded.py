@@ -69,7 +69,7 @@ def test_recorded_stream_with_recorded_chunking(scenario, name, f):
     assert p.sender_node_id == f["sender_node_id"]
     assert len(msgs) == len(truth)
     for m, t in zip(msgs, truth):
-        got = {"kind": m.kind.value, "cmd": m.cmd, "request": m.request, "op": m.op.value,
+        got = {"kind": m.kind.value, "cmd": m.cmd, "request": m.request, "op": m.ps_op.value,
                "has_pull_field": m.has_pull_field, "app_id": m.app_id, "customer_id": m.customer_id,
                "timestamp": m.timestamp, "num_keys": m.num_keys, "value_bytes": m.value_bytes,
                "data_frames": m.data_frames, "total_bytes": m.total_bytes}

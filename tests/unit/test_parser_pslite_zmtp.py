@@ -92,7 +92,7 @@ def test_ops_with_and_without_the_pull_field():
              MessageSpec(request=True, push=False, timestamp=None, control_cmd=Cmd.BARRIER),
              MessageSpec(request=True, push=False, timestamp=6, simple_app=True, extra={"body": b"hi"})]
     msgs = PsliteStreamParser().feed(encode_stream(specs)[0])
-    assert [m.op.value for m in msgs] == ["push", "pull", "pull", "push", "pull", "pull", "push",
+    assert [m.ps_op.value for m in msgs] == ["push", "pull", "pull", "push", "pull", "pull", "push",
                                           "unknown", "none", "none"]
     assert [m.has_pull_field for m in msgs[:5]] == [True, True, True, True, False]
     assert [m.kind.value for m in msgs[-2:]] == ["control", "data"]

@@ -80,7 +80,7 @@ def test_per_request_table(run, tmp_path, name, capsys):
     assert f"wrote {out}" in capsys.readouterr().err
     t = pd.read_parquet(out) if name.endswith("parquet") else pd.read_csv(out)
     assert len(t) == 120
-    for c in ("op", "app_id", "customer_id", "timestamp", "worker", "server", "worker_host", "server_host",
+    for c in ("protocol", "op", "op_name", "call_space", "call_id", "worker", "server", "worker_host", "server_host",
               "num_keys", "req_bytes", "resp_bytes", "e2e_us", "folded"):
         assert c in t.columns, c
     for c in C.BASE + C.SUBS:

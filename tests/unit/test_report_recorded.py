@@ -35,8 +35,8 @@ def recorded(tmp_path_factory):
 
 
 def _joined(d, t):
-    q = d.complete.astype({"worker": "int64", "server": "int64", "timestamp": "int64"})
-    return q.merge(t, left_on=["worker", "server", "timestamp"], right_on=["sender", "recver", "timestamp"],
+    q = d.complete.astype({"worker": "int64", "server": "int64", "call_id": "int64"})
+    return q.merge(t, left_on=["worker", "server", "call_id"], right_on=["sender", "recver", "timestamp"],
                    suffixes=("", "_true"), validate="one_to_one")
 
 

@@ -14,14 +14,16 @@ import pytest
 import agent.rundir as rundir
 from agent.records import MESSAGES_SCHEMA
 from agent.rundir import BATCH_ROWS, RunDirWriter, read_run_dir
+from parsers.registry import upgrade_messages
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "agent"
 INT32_TOO_BIG = 3_000_000_000   # a ZMQ identity `ps3000000000` parsed as a sender
 
 
 def recorded_rows() -> list[dict]:
-    """Message rows the agent wrote from a real psbench recording (386 rows)."""
-    return pq.read_table(DATA / "psbench.messages.parquet").to_pylist()
+    """Message rows the agent wrote from a real psbench recording (386 rows; written in
+    run-dir format 1: in today's columns)."""
+    return upgrade_messages(pq.read_table(DATA / "psbench.messages.parquet")).to_pylist()
 
 
 def writer(path: Path, lines: list | None = None) -> RunDirWriter:
@@ -47,7 +49,7 @@ def test_a_row_that_does_not_fit_its_column_is_rejected_alone(tmp_path):
     good = [r for i, r in enumerate(rows) if i not in bad] + [recorded_rows()[0]]
     got = rd.tables["messages"]
     assert len(got) == len(good) and rd.problems == []
-    for col in ("conn_id", "timestamp", "ts_recv_last_exit_ns"):   # in order, none lost
+    for col in ("conn_id", "call_id", "ts_recv_last_exit_ns"):   # in order, none lost
         assert [None if pd.isna(x) else x for x in got[col]] == [r[col] for r in good], col
     c = rd.meta["counters"]
     assert rd.meta["closed"] is True

@@ -50,11 +50,11 @@ def test_one_timeline_across_hosts(run):
     assert t["baseTimeNanoseconds"] % 10**9 == 0 and t["otherData"]["clock"].startswith("realtime of ")
     xs = [e for e in t["traceEvents"] if e["ph"] == "X" and e["cat"] == "request"]
     serve = [e for e in xs if e["name"].startswith("serve")]
-    worker = {(e["args"]["worker_node"], e["args"]["timestamp"], e["args"]["server_node"]): e for e in xs
+    worker = {(e["args"]["worker_node"], e["args"]["call_id"], e["args"]["server_node"]): e for e in xs
               if "->" in e["name"]}
     assert serve
     for s in serve:
-        w = worker[(s["args"]["worker_node"], s["args"]["timestamp"], s["args"]["server_node"])]
+        w = worker[(s["args"]["worker_node"], s["args"]["call_id"], s["args"]["server_node"])]
         assert w["ts"] - 0.1 <= s["ts"] and s["ts"] + s["dur"] <= w["ts"] + w["dur"] + 0.1
 
 

@@ -1,0 +1,66 @@
+"""The protocols pslat understands, by name, and which one a stream speaks.
+
+Adding a protocol: its package under parsers/ (parsers/protocol.py says what its
+parser and messages give), one line in PROTOCOLS below, and its kernel framing
+(probes/). parsers/README.md walks through it with brpc.
+"""
+from __future__ import annotations
+
+from parsers.brpc import BrpcStreamParser
+from parsers.pslite import PsliteStreamParser, legacy
+
+from .protocol import UNRECOGNISED
+
+# name -> parser class; detection asks them in this order
+PROTOCOLS = {p.PROTOCOL: p for p in (PsliteStreamParser, BrpcStreamParser)}
+NAMES = tuple(PROTOCOLS)
+# the protocols the kernel's walker has a framing for (probes/): only their streams
+# get sync hints from user space
+KERNEL_FRAMINGS = frozenset({"pslite"})
+
+
+def parser_class(name: str):
+    """The stream parser of a registered protocol; KeyError for any other name."""
+    return PROTOCOLS[name]
+
+
+def detect(prefix) -> str | None:
+    """The protocol whose streams start with `prefix` (a stream's first bytes):
+    its name, UNRECOGNISED when none can, or None while more bytes could decide."""
+    undecided = False
+    for name, cls in PROTOCOLS.items():
+        got = cls.starts_stream(prefix)
+        if got:
+            return name
+        if got is None:
+            undecided = True
+    return None if undecided else UNRECOGNISED
+
+
+def parse_forced(specs: list[str]) -> dict[int, str]:
+    """`--protocol PORT=NAME` options -> {port: name}; ValueError saying what is wrong."""
+    out: dict[int, str] = {}
+    for spec in specs:
+        port_s, sep, name = spec.partition("=")
+        if not sep or not port_s.strip().isdigit():
+            raise ValueError(f"--protocol {spec!r}: expected PORT=NAME, e.g. 8500=brpc")
+        port = int(port_s)
+        if not 0 < port < 65536:
+            raise ValueError(f"--protocol {spec!r}: the port must be 1-65535")
+        name = name.strip()
+        if name not in PROTOCOLS:
+            raise ValueError(f"--protocol {spec!r}: unknown protocol {name!r} (known: {', '.join(NAMES)})")
+        if out.get(port, name) != name:
+            raise ValueError(f"--protocol: port {port} given twice ({out[port]} and {name})")
+        out[port] = name
+    return out
+
+
+# the columns an older run-dir format's messages table had instead of today's
+LEGACY_MESSAGE_COLUMNS = legacy.COLUMNS
+
+
+def upgrade_messages(tbl):
+    """A messages table (pyarrow) of an older run-dir format in today's columns; a
+    table of today's format as it is."""
+    return legacy.upgrade(tbl) if legacy.is_legacy(tbl.column_names) else tbl
