@@ -96,4 +96,8 @@ if [ "$(cat "$MXNET_VENV/.pslat-stamp" 2>/dev/null)" != "$MX_STAMP" ]; then
   echo "$MX_STAMP" > "$MXNET_VENV/.pslat-stamp"
 fi
 
+# 7. PaddlePaddle (brpc's parameter server) and PyTorch (RPC over TensorPipe) -------
+bash "$ROOT/scripts/setup_paddle.sh"
+bash "$ROOT/scripts/setup_torch.sh"
+
 say "ready: $VENV/bin/pslat"
