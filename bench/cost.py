@@ -1,7 +1,7 @@
 """What tracing costs, as CPU per message in cgroups, against the counting
 floor (bench.floor), instead of throughput on a saturated box. Root.
 
-    python -m bench.cost [--pairs 20] [--windows 5] [--duration-s 3] [--closed-pairs 6] [--rate R]
+    python -m bench.cost [--pairs 20] [--windows 5] [--duration-s 3] [--closed-pairs 12] [--rate R]
     python -m bench.cost --record FILE.gz [--record-s 30] [--rate R]
 
 psbench (2 servers x 4 workers, one host each) in the virtual cluster with a
@@ -689,7 +689,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=at_least(1), default=20,
                     help="open loop: agent/untraced window pairs (rounds = pairs / --windows) [%(default)s]")
-    ap.add_argument("--closed-pairs", type=at_least(0), default=6,
+    ap.add_argument("--closed-pairs", type=at_least(0), default=12,
                     help=f"closed loop: window pairs per placement, over {CLOSED_ROUNDS} rounds (0: skip; then give "
                          "--rate) [%(default)s]")
     ap.add_argument("--windows", type=at_least(1), default=5,
