@@ -31,11 +31,13 @@ from agent.decode import (FrameworkDecoder, SockcallAssembler, StreamDecoder, _a
                           stream_row)
 from agent.errors import UserError, say
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
+from agent.live import UnrecognisedTally
 from agent.netrows import TCP_CLOSE
 from agent.priority import Priority
 from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA, STREAMS_SCHEMA
 from agent.rundir import RunDirWriter, check_out, claim_run_dir
 from agent.sources import NOTE_PROBE, LiveSource, RecordWriter, ReplaySource, Selection, agent_version
+from parsers.protocol import UNRECOGNISED
 from probes.events import NsEventKind
 
 NS_EV_CONN = int(NsEventKind.CONN)   # a socket's TCP state changed (probes/events.h)
@@ -61,6 +63,7 @@ STOP_CLOSE_S = 0.9
 FINAL_DRAIN_S = 10.0
 STOP_COUNT_S = 0.2
 SHARD_INTERVAL_S = 2.0
+UNRECOGNISED_EVERY_S = 5.0   # the live view's tally of open unrecognised connections, this often
 BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 RUN_ID = uuid.uuid4().hex   # one per agent process: its run dirs belong together
 
@@ -88,6 +91,8 @@ class Pipeline:
         if netstack_on:
             self.correlator.connections = Connections(self._emit_connection, host_map.host_of)
         self._netstack_decode = None
+        self._unrecognised_closed: dict[str, UnrecognisedTally] = {}   # host -> connections let go
+        self._unrecognised_at = -math.inf
         self.writers: dict[str, RunDirWriter] = {}
         self.host_netns: dict[str, set[int]] = {}
         self.events: dict[str, int] = {}
@@ -173,6 +178,25 @@ class Pipeline:
         if row["host_id"] in self.skews:
             self.skews[row["host_id"]].apply(row)
         self._writer(row["host_id"]).append("streams", row)
+        if row["protocol"] == UNRECOGNISED and end != "open_at_stop":
+            self._unrecognised_closed.setdefault(row["host_id"], UnrecognisedTally()).add(
+                row["local_port"], row["remote_port"], row["threads"], row["bytes_tx"] + row["bytes_rx"])
+
+    def _tell_live_unrecognised(self) -> None:
+        """The live view's traffic no parser recognised: the closed connections' tallies and a
+        pass over the open ones (every UNRECOGNISED_EVERY_S: it looks at every connection)."""
+        now = time.monotonic()
+        if self.live is None or now - self._unrecognised_at < UNRECOGNISED_EVERY_S:
+            return
+        self._unrecognised_at = now
+        open_: dict[str, UnrecognisedTally] = {}
+        for conn, moved in self.decoder.unrecognised_open():
+            open_.setdefault(self.host_map.host_of(conn.netns_ino), UnrecognisedTally()).add(
+                conn.local[1], conn.remote[1], conn.threads.values(), moved)
+        hosts = set(open_) | set(self._unrecognised_closed)
+        empty = UnrecognisedTally()
+        self.live.on_unrecognised({h: self._unrecognised_closed.get(h, empty).merged(open_.get(h, empty)).to_json()
+                                   for h in hosts})
 
     def _emit_clock_sample(self, ev) -> None:
         row = clock_sample_row(ev, self.host_map.host_of(ev.netns_ino))
@@ -225,6 +249,7 @@ class Pipeline:
         self.probe_counters = counters
         if self.live is not None:
             self.live.tick(counters, sum(self.events.values()))
+            self._tell_live_unrecognised()
 
     def maybe_flush(self) -> None:
         for host, w in self.writers.items():

@@ -870,6 +870,22 @@ class StreamDecoder:
                 calls.popleft()
             del starts[:n]
 
+    def unrecognised_open(self) -> list[tuple[Conn, int]]:
+        """The open connections that moved bytes no parser recognised (yet), with those
+        bytes: what `pslat top` says of traffic it does not understand."""
+        out = []
+        for conn in self.conns.values():
+            moved = 0
+            for f in (conn.tx, conn.rx):
+                if f is not None:
+                    if f.parser.recognised():
+                        break
+                    moved += f.moved_bytes
+            else:
+                if moved:
+                    out.append((conn, moved))
+        return out
+
     def stats_by_netns(self) -> dict[int, dict[str, int]]:
         """Parser byte counters per network namespace (connections open or closed)."""
         out: dict[int, dict[str, int]] = {}

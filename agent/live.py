@@ -34,6 +34,7 @@ from collections import Counter, OrderedDict, deque
 from typing import Any, Iterable
 
 from agent.bounded import CONN_IDLE_NS, CONNS_MAX, put_newest
+from agent.records import service_port
 from parsers.protocol import PAIR_CONNECTION
 
 WINDOW_S = 10
@@ -198,6 +199,42 @@ def cpu_seconds_self() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+THREADS_SHOWN = 8   # thread names kept per host's unrecognised traffic
+
+
+class UnrecognisedTally:
+    """One host's traffic no parser recognised: connections, bytes, the service ports
+    they went to and the thread names that moved them."""
+
+    def __init__(self):
+        self.connections = 0
+        self.bytes = 0
+        self.ports: Counter = Counter()   # service port -> bytes
+        self.threads: set[str] = set()
+
+    def add(self, local_port: int, remote_port: int, threads: Iterable[str], moved: int) -> None:
+        self.connections += 1
+        self.bytes += moved
+        self.ports[service_port(local_port, remote_port)] += moved
+        for t in threads:
+            if len(self.threads) < THREADS_SHOWN:
+                self.threads.add(t)
+
+    def merged(self, other: "UnrecognisedTally") -> "UnrecognisedTally":
+        out = UnrecognisedTally()
+        for t in (self, other):
+            out.connections += t.connections
+            out.bytes += t.bytes
+            out.ports.update(t.ports)
+            out.threads |= set(sorted(t.threads)[:THREADS_SHOWN - len(out.threads)])
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        port = self.ports.most_common(1)
+        return {"connections": self.connections, "bytes": self.bytes, "port": port[0][0] if port else None,
+                "threads": sorted(self.threads)}
+
+
 class LiveAggregates:
     def __init__(self, window_s: int = WINDOW_S, agent: str | None = None):
         self.window_s = window_s
@@ -226,8 +263,14 @@ class LiveAggregates:
         self.events_total = 0
         self.events_per_s: float | None = None
         self.cpu_pct: float | None = None
+        self.unrecognised: dict[str, dict[str, Any]] = {}   # host -> UnrecognisedTally.to_json()
 
     # -- feeding (the pipeline's thread) --------------------------------------------
+    def on_unrecognised(self, by_host: dict[str, dict[str, Any]]) -> None:
+        """Every host's traffic no parser recognised so far (open and closed connections)."""
+        with self.lock:
+            self.unrecognised = dict(by_host)
+
     def _slot(self, ts_ns: int) -> _Slot | None:
         s = ts_ns // 10**9
         if self.now_s is None or s > self.now_s:
@@ -404,6 +447,7 @@ class LiveAggregates:
                                 "closed_total": self.closed_total[h], "connects": self.connects[h],
                                 "accepts": self.accepts[h]} for h in hosts},
             "ip_hosts": dict(sorted(self.ip_hosts.items())),
+            "unrecognised": dict(sorted(self.unrecognised.items())),
             "agents": [self._health()],
         }
 
@@ -422,6 +466,7 @@ def merge_snapshots(snaps: Iterable[dict]) -> dict[str, Any]:
     keys: dict[str, Counter] = {}
     sampled: Counter = Counter()
     conns: dict[str, Counter] = {}
+    unrec: dict[str, dict] = {}
     out: dict[str, Any] = {"format": "pslat-live/1", "window_s": 0, "edges_ns": EDGES_NS, "ip_hosts": {},
                            "agents": []}
     for s in snaps:
@@ -443,10 +488,18 @@ def merge_snapshots(snaps: Iterable[dict]) -> dict[str, Any]:
             sampled[h] += kd["sampled"]
         for h, c in s.get("connections", {}).items():
             conns.setdefault(h, Counter()).update(c)
+        for h, u in s.get("unrecognised", {}).items():
+            acc = unrec.setdefault(h, {"connections": 0, "bytes": 0, "port": None, "threads": [], "_top": -1})
+            if u["bytes"] > acc["_top"]:
+                acc["port"], acc["_top"] = u["port"], u["bytes"]
+            acc["connections"] += u["connections"]
+            acc["bytes"] += u["bytes"]
+            acc["threads"] = sorted(set(acc["threads"]) | set(u["threads"]))[:THREADS_SHOWN]
     out["groups"] = [dict({k: v for k, v in g.items() if k != "_h"},
                           hists={c: x.to_json() for c, x in sorted(g["_h"].items())})
                      for _, g in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0])))]
     out["keys"] = {h: {"sampled": sampled[h], "top": [[k, n] for k, n in c.most_common(TOP_KEYS)]}
                    for h, c in sorted(keys.items())}
     out["connections"] = {h: dict(c) for h, c in sorted(conns.items())}
+    out["unrecognised"] = {h: {k: v for k, v in u.items() if k != "_top"} for h, u in sorted(unrec.items())}
     return out

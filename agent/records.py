@@ -137,6 +137,15 @@ STREAMS_SCHEMA = pa.schema([
 ])
 
 
+EPHEMERAL_PORT_MIN = 32768   # Linux's default ip_local_port_range starts here
+
+
+def service_port(a: int, b: int) -> int:
+    """The port a connection serves: the end below the ephemeral range, else the lower."""
+    low = [p for p in (a, b) if p < EPHEMERAL_PORT_MIN]
+    return low[0] if len(low) == 1 else min(a, b)
+
+
 # One row per segment of NS_CLOCK_MIN_BYTES or more that started a burst on a traced
 # flow (nothing else of the flow for the netstack probe's NS_CLOCK_GAP_NS before it):
 # the first segment of a large message, as its sender handed

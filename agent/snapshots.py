@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import safefile
-from agent.live import EDGES_NS, N_BUCKETS, SUBS, CLIENT_COMPONENTS, SERVER_COMPONENTS, UNSPLIT
+from agent.live import EDGES_NS, N_BUCKETS, SUBS, CLIENT_COMPONENTS, SERVER_COMPONENTS, THREADS_SHOWN, UNSPLIT
 
 FORMAT = "pslat-live/1"
 FETCH_TIMEOUT_S = 2.0              # connect to last byte, whatever the server's pace
@@ -34,7 +34,7 @@ MAX_HEADER_BYTES = 16 * 1024
 MAX_JSON_DEPTH = 16                # a snapshot nests 6 deep (groups, group, hists, hist, counts, pair)
 MAX_NAME_CHARS = 256               # host ids, peers, ops, agent and probe names
 MAX_GROUPS = 10_000
-MAX_HOSTS = 10_000                 # entries of keys, connections, ip_hosts
+MAX_HOSTS = 10_000                 # entries of keys, connections, ip_hosts, unrecognised
 MAX_AGENTS = 1_000
 MAX_TOP_KEYS = 100
 MAX_PROBES = 64
@@ -136,6 +136,14 @@ def _connections(c: Any) -> dict:
     return {f: _num(c[f]) for f in CONNECTION_FIELDS if f in c}
 
 
+def _unrecognised(u: Any) -> dict:
+    u = _dict(u)
+    port = u.get("port")
+    return {"connections": _int(u["connections"]), "bytes": _int(u["bytes"]),
+            "port": None if port is None else _int(port, 0, 65535),
+            "threads": [_name(t) for t in _list(u.get("threads", []))[:THREADS_SHOWN]]}
+
+
 def _agent(a: Any) -> dict:
     a = _dict(a)
     out: dict[str, Any] = {"agent": _name(a["agent"])}
@@ -194,7 +202,8 @@ def read_snapshot(value: Any) -> tuple[dict, Counter]:
 
     groups = _each(section("groups", list), MAX_GROUPS, lambda g: _group(g, skipped), "groups", skipped)
     pairs = {}
-    for name, one in (("keys", _keys), ("connections", _connections), ("ip_hosts", _name)):
+    for name, one in (("keys", _keys), ("connections", _connections), ("ip_hosts", _name),
+                      ("unrecognised", _unrecognised)):
         items = list(section(name, dict).items())
         pairs[name] = dict(_each(items, MAX_HOSTS, lambda kv, one=one: (_name(kv[0]), one(kv[1])), name, skipped))
     agents = _each(section("agents", list), MAX_AGENTS, _agent, "agents", skipped)

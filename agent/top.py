@@ -35,6 +35,7 @@ from agent.live import CLIENT_COMPONENTS, GROUP_OF, GROUPS, SERVER_COMPONENTS, U
 from agent.safetext import safe_text
 from agent.snapshots import (FETCH_TIMEOUT_S, SnapshotError, fetch_body, parse_json, read_snapshot, read_snapshot_file,
                              skipped_text)
+from agent.units import fmt_bytes
 from parsers.pslite.keysample import key_text
 
 REFRESH_S = 1.0
@@ -126,7 +127,7 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
     wide = width >= 110
     ip_hosts = snap.get("ip_hosts", {})
     groups = sorted(snap.get("groups", []), key=lambda g: (-g["rate_per_s"], g["host"], g["role"], g["op"]))
-    hosts = sorted({g["host"] for g in groups} | set(snap.get("connections", {})))
+    hosts = sorted({g["host"] for g in groups} | set(snap.get("connections", {})) | set(snap.get("unrecognised", {})))
     agents = snap.get("agents", [])
     head = Text(no_wrap=True, overflow="ellipsis")
     head.append("pslat top", style="bold").append(
@@ -140,8 +141,11 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
     n_keys = TOP_KEYS_WIDE if wide else TOP_KEYS_NARROW
     key_lines = [_key_line(h, keys[h], n_keys) for h in hosts if h in keys and keys[h]["top"]]
     conn_lines = [_conn_line(h, conns[h]) for h in hosts if h in conns]
+    unrec = snap.get("unrecognised", {})
+    unrec_lines = [_unrecognised_line(h, unrec[h]) for h in sorted(unrec) if unrec[h]["connections"]]
     health_lines = [_health_line(a) for a in agents]
     sections = [("agents", health_lines), ("connections", conn_lines or [Text("  (none seen)")]),
+                ("traffic not recognised (no protocol parser understood it: no requests from it)", unrec_lines),
                 ("hot keys (share of sampled keys)", key_lines)]
     sections = [(title, lines) for title, lines in sections if lines]
     # height: title, table head (2), legend, then table rows first; each section keeps its title and
@@ -204,6 +208,14 @@ def _key_line(host: str, k: dict, n: int):
     t = Text(f"  {safe_text(host)}: ")
     t.append("  ".join(f"{key_text(int(key))} {100 * c / total:.1f}%" for key, c in k["top"][:n]))
     return t
+
+
+def _unrecognised_line(host: str, u: dict):
+    from rich.text import Text
+    by = f" by {', '.join(safe_text(t) for t in u['threads'])}" if u.get("threads") else ""
+    port = f" (port {u['port']})" if u.get("port") is not None else ""
+    n = u["connections"]
+    return Text(f"  {safe_text(host)}: {n:,} connection{'s' * (n != 1)}, {fmt_bytes(u['bytes'])}{by}{port}")
 
 
 def _conn_line(host: str, c: dict):

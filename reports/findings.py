@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.units import fmt_bytes
 from reports import components as C
 
 MIN_BUCKET = 30          # requests an in-flight bucket needs before it is compared
@@ -370,25 +371,18 @@ def gap_findings(m: dict) -> list[str]:
     return out
 
 
-def _size(n_bytes: int) -> str:
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n_bytes >= k:
-            return f"{n_bytes / k:.1f} {unit}"
-    return f"{n_bytes} bytes"
-
-
 def unrecognised_findings(m: dict[str, Any]) -> list[str]:
     """Traced connections that no protocol parser recognised: what they are, by host pair,
     process and port (reports.unrecognised)."""
     u = m.get("unrecognised") or {}
     if not u.get("connections"):
         return []
-    parts = [f"{g['connections']:,} connection{'s' if g['connections'] != 1 else ''}, {_size(g['bytes'])} "
+    parts = [f"{g['connections']:,} connection{'s' if g['connections'] != 1 else ''}, {fmt_bytes(g['bytes'])} "
              f"between {' and '.join(g['hosts'])}"
              + (f" by {', '.join(g['threads'])}" if g["threads"] else "") + f" (port {g['port']})"
              for g in u["groups"][:3]]
     more = len(u["groups"]) - 3 + u.get("groups_left_out", 0)
-    return [f"Traffic not recognised: {u['connections']:,} connections, {_size(u['bytes'])} that no protocol "
+    return [f"Traffic not recognised: {u['connections']:,} connections, {fmt_bytes(u['bytes'])} that no protocol "
             "parser understood (so no requests from them): " + "; ".join(parts)
             + (f"; and {more} more groups" if more > 0 else "") + "."]
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pandas as pd
 
+from agent.records import service_port
 from reports.load import host_shards
 
 COLUMNS = ["host_id", "conn_id", "local_ip", "local_port", "remote_ip", "remote_port", "threads",
            "protocol", "bytes_tx", "bytes_rx", "calls_tx", "calls_rx", "signature_tx"]
-EPHEMERAL_PORT_MIN = 32768   # Linux's default ip_local_port_range starts here
 GROUPS_MAX = 20              # groups listed (the totals count every connection)
 
 
@@ -26,11 +26,6 @@ def _rows(dirs: dict[str, Path]) -> pd.DataFrame:
     parts = [t.to_pandas() for host, path in dirs.items() for t in host_shards(path, host, "streams", COLUMNS)]
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
-
-
-def _service_port(a: int, b: int) -> int:
-    low = [p for p in (a, b) if p < EPHEMERAL_PORT_MIN]
-    return low[0] if len(low) == 1 else min(a, b)
 
 
 def unrecognised(dirs: dict[str, Path]) -> dict[str, Any]:
@@ -48,7 +43,7 @@ def unrecognised(dirs: dict[str, Path]) -> dict[str, Any]:
     for r in conns.itertuples(index=False):
         peer = host_of_ip.get(r.remote_ip, r.remote_ip)
         ends = tuple(sorted((str(r.host_id), str(peer))))
-        port = _service_port(int(r.local_port), int(r.remote_port))
+        port = service_port(int(r.local_port), int(r.remote_port))
         threads = tuple(sorted(set(r.threads) if r.threads is not None else ()))
         g = groups.setdefault((ends, threads, port), {"hosts": list(ends), "threads": list(threads),
                                                       "port": port, "connections": 0, "bytes": 0,
