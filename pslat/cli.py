@@ -21,7 +21,7 @@ def _register() -> None:
     # cannot hide the others.
     from workloads.cluster.cli import app as cluster_app
     from workloads.psbench.cli import app as psbench_app
-    from agent.demo import demo
+    from pslat.demo import demo
 
     app.add_typer(cluster_app, name="cluster")
     app.add_typer(psbench_app, name="psbench")
