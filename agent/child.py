@@ -132,5 +132,5 @@ class AgentProcess(ChildProcess):
 
     def __init__(self, out: Path, args: list[str], ready_timeout_s: float = 120.0, echo=None):
         self.out = Path(out)
-        super().__init__([sys.executable, "-m", "agent.cli", "agent", "--out", str(self.out), *args],
+        super().__init__([sys.executable, "-m", "pslat.cli", "agent", "--out", str(self.out), *args],
                          "the agent", ready_timeout_s, echo)

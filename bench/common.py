@@ -346,7 +346,7 @@ def agent_tracer(out: Path, hosts: Sequence[str], extra: Sequence[str] = ()) -> 
     """`pslat agent` with its default settings, one for all hosts (--netns each), probing
     pyzmq's libzmq. Only the hosts' namespaces are traced: the wire forwarder (netns
     pslat-wire) is not selected."""
-    argv = [sys.executable, "-m", "agent.cli", "agent", "--out", str(out), "--lib", str(libzmq())]
+    argv = [sys.executable, "-m", "pslat.cli", "agent", "--out", str(out), "--lib", str(libzmq())]
     for h in hosts:
         argv += ["--netns", h]
     return Tracer("pslat agent", argv + list(extra))

@@ -64,7 +64,7 @@ def record(rec: Path | None, psbench_args: list[str], agent_flags: list[str] = (
         record_flags = ["--record", str(rec)] if rec else []   # None: traced, not recorded
         with AgentProcess(out, ["--netns", ns, "--lib", str(libzmq()), *record_flags, *agent_flags],
                           echo=log) as agent:
-            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "agent.cli", "psbench", "run",
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "pslat.cli", "psbench", "run",
                             "--out", str(psbench_out), *psbench_args], cwd=ROOT, check=True,
                            stdout=subprocess.DEVNULL)
             if agent.stop() != 0:

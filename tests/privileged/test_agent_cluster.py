@@ -64,7 +64,7 @@ class Agent:
     """`pslat agent` as a child process; ready once it says so on stderr."""
 
     def __init__(self, out: Path, hosts: list[str], extra: tuple[str, ...] = ()):
-        argv = [sys.executable, "-m", "agent.cli", "agent", "--out", str(out), "--lib", str(_libzmq()), *extra]
+        argv = [sys.executable, "-m", "pslat.cli", "agent", "--out", str(out), "--lib", str(_libzmq()), *extra]
         for h in hosts:
             argv += ["--netns", h]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)

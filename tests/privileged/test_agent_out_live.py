@@ -47,7 +47,7 @@ def test_an_unwritable_out_is_one_line_before_any_probe_is_loaded(tmp_path, requ
            "read-only": lambda: request.getfixturevalue("read_only_dir") / "out"}[how]()
     log = tmp_path / "strace.log"
     r = subprocess.run(["strace", "-f", "-e", "trace=bpf,perf_event_open", "-o", log, sys.executable, "-m",
-                        "agent.cli", "agent", "--comm", COMM, "--out", out, "--duration", "5"],
+                        "pslat.cli", "agent", "--comm", COMM, "--out", out, "--duration", "5"],
                        cwd=ROOT, capture_output=True, text=True, timeout=180)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
@@ -90,7 +90,7 @@ def test_a_restart_into_the_same_out_keeps_both_runs(tmp_path):
         assert len(rd.tables["messages"]) > 100
         assert len(rd.tables["messages"]) == rd.meta["counters"]["messages"]
     assert runs[0].meta["run_id"] != runs[1].meta["run_id"]
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(out), "-f", "json"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "pslat.cli", "report", str(out), "-f", "json"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)

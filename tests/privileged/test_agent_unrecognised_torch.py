@@ -54,7 +54,7 @@ def _wire_traffic(wire: pd.DataFrame, addrs: set[str]) -> tuple[int, int]:
 
 
 def _report(out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", "report", str(out), *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "pslat.cli", "report", str(out), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

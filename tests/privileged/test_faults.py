@@ -204,7 +204,7 @@ def assert_nothing_left(pid: int, objs: dict[str, set[int]]) -> None:
 
 
 def report(*args) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", *map(str, args)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "pslat.cli", "report", *map(str, args)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r

@@ -171,7 +171,7 @@ def test_traced_process_and_namespace_named_with_markup(tmp_path):
         subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
     t_traced = time.monotonic() - t0
     page = tmp_path / "report.html"
-    subprocess.run([sys.executable, "-m", "agent.cli", "report", str(out), "-o", str(page)], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "pslat.cli", "report", str(out), "-o", str(page)], cwd=ROOT,
                    check=True, capture_output=True, timeout=60)
     html = page.read_text()
     assert NETNS not in html and COMM not in html      # neither raw in the file, anywhere

@@ -16,9 +16,6 @@ request (means over constant delays would not catch a wrong pairing), with:
   truth, and checks the traffic-only estimate (force_estimate) on that copy
   too, where the true offset is 0.
 
-The two cases on a wire with 0.2 ms of jitter (1 ms every way; 1 ms / 5 ms asymmetric)
-run one after the other in one cluster under one agent, each on hosts of its own.
-
 Each test prints its measured errors (p50/p99) for the note. They need the
 agent's kernel stage times (driver handoff, netif_receive): where the agent
 gives none, they xfail and say so.
@@ -51,63 +48,29 @@ HOSTS = 6                     # h0, h1: servers (h0 also the scheduler); h2..h5:
 SERVERS, WORKERS = ["h0", "h1"], ["h2", "h3", "h4", "h5"]
 SMALL = dict(keys_per_request=4, embedding_dim=2, lens=False)             # one segment each way
 LARGE = dict(keys_per_request=1024, embedding_dim=16)                    # ~78 KB: 50+ segments
-INJECT = ("h1", 5_000_000, 50.0)   # server, offset ns, drift ppm (the agent's --test-clock-skew)
+INJECT = ("h1", 5_000_000, 50.0)   # host, offset ns, drift ppm (the agent's --test-clock-skew)
 
 
-class _Group:
-    """HOSTS hosts of a cluster, as launch_in_cluster takes a cluster."""
-
-    def __init__(self, cluster, index: int):
-        self.hosts = cluster.hosts[index * HOSTS:(index + 1) * HOSTS]
-        self.popen = cluster.popen
-        self.names = [h.name for h in self.hosts]
-
-
-def _names(group: int) -> list[str]:
-    return [f"h{i}" for i in range(group * HOSTS, (group + 1) * HOSTS)]
-
-
-def _skewed_host(group: int) -> str:
-    """The host whose clock the agent skews (INJECT), in a group: its second server."""
-    return _names(group)[SERVERS.index(INJECT[0])]
-
-
-def _run(out: Path, jobs: dict[str, dict], delay_ms: float = 0.0, jitter_ms: float = 0.0, pair_delay_ms=None):
-    """Traced psbench jobs, one after the other, job i on hosts i*HOSTS.. of one cluster
-    (its own wire delays by pair_delay_ms), under one agent that skews every job's
-    INJECT server; {name: (the job's agent dir: a copy of its hosts' run dirs, truth,
-    wire log of its hosts, its skewed host)}."""
-    _, off_ns, ppm = INJECT
-    names = [n for g in range(len(jobs)) for n in _names(g)]
-    with Cluster(names, wire_delay_ms=delay_ms, jitter_ms=jitter_ms, pair_delay_ms=pair_delay_ms,
+def _run(out: Path, delay_ms: float = 0.0, jitter_ms: float = 0.0, pair_delay_ms=None, duration_s: float = 3.0,
+         **workload):
+    """One traced psbench job, one server's clock skewed by the agent; returns
+    (agent out dir, truth, wire log)."""
+    host, off_ns, ppm = INJECT
+    with Cluster(HOSTS, wire_delay_ms=delay_ms, jitter_ms=jitter_ms, pair_delay_ms=pair_delay_ms,
                  wait_s=WAIT_S, log_dir=out / "wire") as cluster:
-        skews = [w for g in range(len(jobs))
-                 for w in ("--test-clock-skew", f"{_skewed_host(g)}:{off_ns / 1e3:g}:{ppm:g}")]
-        # every host pair: accuracy is checked on every request, not a sample
-        agent = Agent(out / "agent", names, extra=(*skews, "--sample-rate", "1"))
-        truths = {}
+        agent = Agent(out / "agent", [h.name for h in cluster.hosts],
+                      # every host pair: accuracy is checked on every request, not a sample
+                      extra=("--test-clock-skew", f"{host}:{off_ns / 1e3:g}:{ppm:g}", "--sample-rate", "1"))
         try:
-            for g, (name, workload) in enumerate(jobs.items()):
-                workload = {"duration_s": 3.0, **workload}
-                with launch_in_cluster(_Group(cluster, g), out / name / "ps", servers=2, workers=4, rate=40,
-                                       **workload) as job:
-                    job.wait_ready()
-                    job.wait()
-                truths[name] = job.truth()
+            with launch_in_cluster(cluster, out / "ps", servers=2, workers=4, duration_s=duration_s, rate=40,
+                                   **workload) as job:
+                job.wait_ready()
+                job.wait()
             (out / "agent.log").write_text(agent.stop())
         finally:
             agent.kill()
-        wire = cluster.wire_log()
-    runs = {}
-    for g, name in enumerate(jobs):
-        mine = _Group(cluster, g)
-        for h in mine.names:
-            shutil.copytree(out / "agent" / h, out / name / "agent" / h)
-        addrs = {h.addr for h in mine.hosts}
-        runs[name] = (out / name / "agent", truths[name],
-                      wire[wire.ip_src.isin(addrs) & wire.ip_dst.isin(addrs)].reset_index(drop=True),
-                      _skewed_host(g))
-    return runs
+        truth, wire = job.truth(), cluster.wire_log()
+    return out / "agent", truth, wire
 
 
 def _truth(truth: pd.DataFrame) -> pd.DataFrame:
@@ -158,8 +121,8 @@ def _covering(ends: pd.DataFrame, seg: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def _joined(d, truth, wire):
-    q = d.complete.astype({"worker": "int64", "server": "int64", "call_id": "int64"})
-    j = q.merge(_truth(truth), left_on=["worker", "server", "call_id"],
+    q = d.complete.astype({"worker": "int64", "server": "int64", "timestamp": "int64"})
+    j = q.merge(_truth(truth), left_on=["worker", "server", "timestamp"],
                 right_on=["sender", "recver", "timestamp"], suffixes=("", "_true"), validate="one_to_one")
     j["_row"] = np.arange(len(j))
     seg = _segments(wire)
@@ -269,7 +232,7 @@ def _check_estimated_clocks(name, out: Path, exact, symmetric: bool):
         assert abs(m.offset_ns) <= m.uncertainty_ns, m.to_json()
         if symmetric:
             _offset_within_50us(name, m.key, m.offset_ns)
-    ids = ["worker", "server", "call_id", "call_space"]
+    ids = ["worker", "server", "timestamp", "app_id", "customer_id"]
     j = d.complete.merge(exact.complete, on=ids, suffixes=("", "_exact"), validate="one_to_one")
     unc = j.apply(lambda r: d.clocks[tuple(sorted((r.worker_host, r.server_host)))].uncertainty_ns, axis=1)
     have = j[["wire_req", "wire_resp", "wire_req_exact", "wire_resp_exact"]].notna().all(axis=1)
@@ -316,12 +279,12 @@ def _check_clock_samples(name: str, out: Path, wire: pd.DataFrame, large: bool) 
     assert (excess <= 50_000).all(), excess.sort_values().tail()
 
 
-def _unskewed(out: Path, host: str) -> Path:
+def _unskewed(out: Path) -> Path:
     """A copy of the agent's run dirs with the injected clock error taken back
-    out of host's: every host on the one shared kernel clock again, as the truth is."""
+    out: every host on the one shared kernel clock again, as the truth is."""
     copy = out.parent / "unskewed"
     shutil.copytree(out, copy)
-    d = copy / host
+    d = copy / INJECT[0]
     meta = json.loads((d / "meta.json").read_text())
     inj = meta["clock"].pop("injected")
     k = inj["drift_ppm"] * 1e-6
@@ -338,71 +301,50 @@ def _unskewed(out: Path, host: str) -> Path:
     return copy
 
 
-CASES = {
-    "wire0-small": (0.0, dict(SMALL)),
-    "wire1-large-reconnect10": (1.0, dict(LARGE, reconnect_every=10)),
+@pytest.mark.parametrize("delay_ms, workload", [
+    pytest.param(0.0, dict(SMALL), id="wire0-small"),
+    pytest.param(1.0, dict(LARGE, reconnect_every=10), id="wire1-large-reconnect10"),
     # 8 s: with +-1 ms of jitter, 3 s of traffic (~110 samples each way per pair) tell the
     # injected 50 ppm only to +-33..55 ppm; taken as 0, it moved the offset up to 67 us
-    "wire5-small-server2ms": (5.0, dict(SMALL, server_delay_ms=2.0, server_jitter_ms=0.4, duration_s=8.0)),
-}
-ASYMMETRIC = "asymmetric-1ms-5ms"
-
-
-@pytest.fixture(scope="module")
-def jitter_200us_runs(tmp_path_factory):
-    """The two jobs on a wire with 0.2 ms of jitter, under one cluster and one agent (one
-    compile, not two), each on HOSTS hosts of its own: wire1-large-reconnect10 (1 ms every
-    way) on h0.., the asymmetric one (1 ms worker -> server, 5 ms back, 0 ms between hosts
-    of one role, as in a cluster of its own) on the next HOSTS."""
-    first, second = _names(0), _names(1)
-    pairs = {(a, b): 1.0 for a in first for b in first if a != b}
-    role = {name: i for i, name in enumerate(_names(0))}
-    for w in WORKERS:
-        for s in SERVERS:
-            pairs[(second[role[w]], second[role[s]])], pairs[(second[role[s]], second[role[w]])] = 1.0, 5.0
-    return _run(tmp_path_factory.mktemp("jitter200us"),
-                {"wire1-large-reconnect10": CASES["wire1-large-reconnect10"][1], ASYMMETRIC: dict(SMALL)},
-                jitter_ms=0.2, pair_delay_ms=pairs)
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_components_per_request_match_the_truth(tmp_path, request, case):
+    pytest.param(5.0, dict(SMALL, server_delay_ms=2.0, server_jitter_ms=0.4, duration_s=8.0),
+                 id="wire5-small-server2ms"),
+])
+def test_components_per_request_match_the_truth(tmp_path, delay_ms, workload):
     COVERAGE_GAPS.clear()
-    delay_ms, workload = CASES[case]
-    if case == "wire1-large-reconnect10":
-        skewed, truth, wire, host = request.getfixturevalue("jitter_200us_runs")[case]
-    else:
-        skewed, truth, wire, host = _run(tmp_path, {case: workload}, delay_ms=delay_ms,
-                                         jitter_ms=0.2 * delay_ms)[case]
-    out = _unskewed(skewed, host)
+    skewed, truth, wire = _run(tmp_path, delay_ms=delay_ms, jitter_ms=0.2 * delay_ms, **workload)
+    out = _unskewed(skewed)
     d = dissect([out])
     assert {m.source for m in d.clocks.values()} == {"shared"}
     _check(f"wire {delay_ms} ms {workload}", d, truth, wire, {"req": delay_ms * 1e6, "resp": delay_ms * 1e6})
     large = workload["keys_per_request"] > SMALL["keys_per_request"]
     _check_clock_samples(f"wire {delay_ms} ms", out, wire, large)
     _check_estimated_clocks(f"wire {delay_ms} ms", out, d, symmetric=True)
-    _check_injected(f"wire {delay_ms} ms", skewed, host, symmetric=True)
+    _check_injected(f"wire {delay_ms} ms", skewed, symmetric=True)
     _xfail_on_coverage_gaps()
 
 
-def test_asymmetric_wire_and_injected_clock(jitter_200us_runs):
+def test_asymmetric_wire_and_injected_clock(tmp_path):
     """1 ms worker -> server, 5 ms back: the split's error is covered by the stated uncertainty,
     with the clocks estimated from the traffic and with an offset and drift injected."""
     COVERAGE_GAPS.clear()
-    skewed, truth, wire, host = jitter_200us_runs[ASYMMETRIC]
-    out = _unskewed(skewed, host)
+    pairs = {}
+    for w in WORKERS:
+        for s in SERVERS:
+            pairs[(w, s)], pairs[(s, w)] = 1.0, 5.0
+    skewed, truth, wire = _run(tmp_path, jitter_ms=0.2, pair_delay_ms=pairs, **SMALL)
+    out = _unskewed(skewed)
     exact = dissect([out])
     _check("asymmetric 1/5 ms", exact, truth, wire, {"req": 1e6, "resp": 5e6})
     _check_clock_samples("asymmetric 1/5 ms", out, wire, large=False)
     _check_estimated_clocks("asymmetric 1/5 ms", out, exact, symmetric=False)
-    _check_injected("asymmetric 1/5 ms", skewed, host, symmetric=False)
+    _check_injected("asymmetric 1/5 ms", skewed, symmetric=False)
     _xfail_on_coverage_gaps()
 
 
-def _check_injected(name: str, out: Path, host: str, symmetric: bool) -> None:
-    """5 ms + 50 ppm put on one server's (host's) times by the agent: recovered within the
-    stated uncertainty (and within 50 us with symmetric delays), the drift where the run tells it."""
-    _, off, ppm = INJECT
+def _check_injected(name: str, out: Path, symmetric: bool) -> None:
+    """5 ms + 50 ppm put on one server's times by the agent: recovered within the stated
+    uncertainty (and within 50 us with symmetric delays), the drift where the run tells it."""
+    host, off, ppm = INJECT
     d = dissect([out])
     t0 = json.loads((out / host / "meta.json").read_text())["clock"]["injected"]["t0_ns"]
     checked = 0

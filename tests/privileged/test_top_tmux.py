@@ -59,7 +59,7 @@ def test_top_shows_ops_rates_and_hosts_and_takes_keys(tmp_path):
                                    rate=50.0) as job:   # open loop: a closed loop floods the agent on 2 shared cores
                 job.wait_ready()
                 cmd = (f"cd {shlex.quote(str(ROOT))} && LANG=C.UTF-8 exec {shlex.quote(sys.executable)} "
-                       f"-m agent.cli top --agent 127.0.0.1:{port}")
+                       f"-m pslat.cli top --agent 127.0.0.1:{port}")
                 subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
                 subprocess.run(["tmux", "-u", "new-session", "-d", "-s", SESSION, "-x", "80", "-y", "24", cmd],
                                check=True)
@@ -104,7 +104,7 @@ def _hottest_wire_keys(n: int, key_space: int = 1_000_000, seed: int = 1) -> lis
 def test_top_with_its_own_probes_shows_traffic_and_detaches_on_q(tmp_path):
     tmux = ("tmux", "-L", f"pslat-top-own-{os.getpid()}")   # a server of its own: kill-server ends only it
     rc_file = tmp_path / "top.rc"
-    cmd = (f"cd {shlex.quote(str(ROOT))} && LANG=C.UTF-8 {shlex.quote(sys.executable)} -m agent.cli top "
+    cmd = (f"cd {shlex.quote(str(ROOT))} && LANG=C.UTF-8 {shlex.quote(sys.executable)} -m pslat.cli top "
            # --no-netstack starts faster; --sample-rate 1: shedding could drop the one host pair
            f"--comm {PROC_NAME} --lib {shlex.quote(str(pyzmq_libzmq()))} --no-netstack --sample-rate 1; "
            f"echo $? > {shlex.quote(str(rc_file))}")

@@ -8,7 +8,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from agent.cli import app
+from pslat.cli import app
 from agent.hosts import HostMap, clock_discipline, clock_mapping, netns_names
 from agent.sources import ProcessSelector, Selection
 

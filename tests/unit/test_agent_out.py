@@ -19,7 +19,7 @@ MESSAGES = 386   # rows a replay of REC writes (tests/data/agent/psbench.message
 
 
 def pslat(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "pslat.cli", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -80,7 +80,7 @@ def test_the_replayed_run_dir_is_fsynced_file_and_directory(tmp_path):
     log = tmp_path / "strace.log"
     out = tmp_path / "out"
     r = subprocess.run(["strace", "-f", "-y", "-e", "trace=fsync,rename,renameat,renameat2", "-o", log,
-                        sys.executable, "-m", "agent.cli", "agent", "--replay", REC, "--out", out],
+                        sys.executable, "-m", "pslat.cli", "agent", "--replay", REC, "--out", out],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     calls = [ln.split(None, 1)[1] for ln in log.read_text().splitlines() if str(out) in ln]

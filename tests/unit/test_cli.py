@@ -5,11 +5,11 @@ import sys
 import pytest
 import typer.main
 
-from agent.cli import app
+from pslat.cli import app
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "pslat.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 def _command_paths(group, prefix=()):
@@ -57,7 +57,7 @@ def test_an_error_naming_a_hostile_path_cannot_drive_the_terminal(tmp_path):
     import sys
 
     bad = tmp_path / "x\x1b]8;;http://evil.example/\x07link\x1b[2J\nsecond"
-    p = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(bad)],
+    p = subprocess.run([sys.executable, "-m", "pslat.cli", "report", str(bad)],
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert "\x1b" not in p.stderr and "\x07" not in p.stderr

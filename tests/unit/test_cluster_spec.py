@@ -88,7 +88,7 @@ def test_using_a_cluster_that_is_not_up_says_so():
     (["up", "--hosts", "2", "--pair-delay", "nonsense"], "SRC:DST=MS"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, words):
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "cluster", *args],
+    r = subprocess.run([sys.executable, "-m", "pslat.cli", "cluster", *args],
                        capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]

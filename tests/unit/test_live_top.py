@@ -38,7 +38,7 @@ def _fits(text: str, width: int, height: int) -> None:
 
 def test_cli_snapshot_at_80x24():
     env = dict(os.environ, COLUMNS="80", LINES="24")
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "top", "--snapshot", str(SNAP)], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-m", "pslat.cli", "top", "--snapshot", str(SNAP)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     _fits(r.stdout, 80, 24)
@@ -114,6 +114,6 @@ def test_bad_inputs_are_user_errors(tmp_path):
         _agent_addr("localhost")
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "top", "--snapshot", str(bad)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "pslat.cli", "top", "--snapshot", str(bad)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a pslat /snapshot.json" in r.stderr

@@ -120,7 +120,7 @@ def test_nothing_usable_is_one_error(tmp_path):
 def test_cli_bad_input_never_a_traceback(run, tmp_path):
     (run / "ps1" / "meta.json").write_text("{\"host_id\": \"ps")
     out = tmp_path / "s.json"
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(run), "-o", str(out)],
+    r = subprocess.run([sys.executable, "-m", "pslat.cli", "report", str(run), "-o", str(out)],
                        capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ})
     assert r.returncode == 0 and "Traceback" not in r.stderr
     assert f"warning: {run / 'ps1' / 'meta.json'}" in r.stderr

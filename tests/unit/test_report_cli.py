@@ -107,11 +107,11 @@ def test_cli_end_to_end(run):
     """Through the installed entry point: screen view (to a pipe: the 100 columns it is laid out
     for, where rich would take 80 and wrap cells, and no colour), and bad input as one line, exit 2."""
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(run)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "pslat.cli", "report", str(run)], capture_output=True, text=True,
                        cwd=ROOT, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "pull: " in r.stdout and "clocks" in r.stdout and "\x1b[" not in r.stdout
     assert max(len(line) for line in r.stdout.splitlines()) == 100
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(run / "nope")], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "pslat.cli", "report", str(run / "nope")], capture_output=True,
                        text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope is not a directory" in r.stderr

@@ -2,7 +2,7 @@
 exit 2, or in a report that names what it left out; never a traceback, a hang or memory
 without bound; and nothing from the run dir reaches the terminal as markup or as escapes.
 
-Each case runs `pslat report` in this process through agent.cli.main (as a user would,
+Each case runs `pslat report` in this process through pslat.cli.main (as a user would,
 without the 2 s of a fresh interpreter), except those that could hang or fill memory on
 a regression: those run in a child with a time limit and an address-space limit."""
 import json
@@ -43,7 +43,7 @@ def _set_column(t: pa.Table, name: str, values) -> pa.Table:
 
 def _report(args, capsys, monkeypatch) -> tuple[int, str, str]:
     """`pslat report ARGS` in this process: (exit status, stdout, stderr)."""
-    from agent import cli
+    from pslat import cli
 
     monkeypatch.setattr(sys, "argv", ["pslat", "report", *map(str, args)])
     with pytest.raises(SystemExit) as e:
@@ -57,7 +57,7 @@ def _child_report(args) -> subprocess.CompletedProcess:
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (CHILD_ADDRESS_SPACE_BYTES, CHILD_ADDRESS_SPACE_BYTES))
     try:
-        return subprocess.run([sys.executable, "-m", "agent.cli", "report", *map(str, args)],
+        return subprocess.run([sys.executable, "-m", "pslat.cli", "report", *map(str, args)],
                               capture_output=True, text=True, cwd=ROOT, timeout=CHILD_TIMEOUT_S,
                               preexec_fn=limit, env={**os.environ, "COLUMNS": "100"})
     except subprocess.TimeoutExpired:

@@ -38,7 +38,7 @@ def test_the_summary_and_the_findings_count_it(tmp_path, capsys, monkeypatch):
 
     import pytest
 
-    from agent import cli
+    from pslat import cli
     from reports.dissect import dissect
     from reports.viewmodel import build_model
 

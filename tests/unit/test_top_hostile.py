@@ -268,7 +268,7 @@ def test_markup_and_escapes_in_names_are_text(hostile):
 
 
 def _cli_top(*args, timeout_s=60):
-    return subprocess.run([sys.executable, "-m", "agent.cli", "top", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pslat.cli", "top", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout_s, env=dict(os.environ, COLUMNS="140", LINES="40"))
 
 
@@ -316,7 +316,7 @@ def test_q_quits_at_once_while_an_agent_trickles(hostile):
     s = hostile(_trickle)
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    p = subprocess.Popen([sys.executable, "-m", "agent.cli", "top", "--agent", s.addr], cwd=ROOT,
+    p = subprocess.Popen([sys.executable, "-m", "pslat.cli", "top", "--agent", s.addr], cwd=ROOT,
                          stdin=slave, stdout=slave, stderr=slave, env=dict(os.environ, TERM="xterm-256color"),
                          start_new_session=True)
     os.close(slave)
