@@ -31,6 +31,8 @@ STEPS = 20
 SERVERS, TRAINERS = 2, 2
 WIRE_DELAY_MS = 1.0
 JOB_TIMEOUT_S = 90.0
+# one cluster per machine: on a shared one, wait for another test's to go
+CLUSTER_WAIT_S = 300.0
 TABLE_OPS = ("PS_PULL_SPARSE_TABLE", "PS_PUSH_SPARSE_TABLE", "PS_PULL_DENSE_TABLE",
              "PS_PUSH_DENSE_TABLE")
 
@@ -52,8 +54,9 @@ def _parse(direction: capture.Direction) -> list:
 
 
 def test_paddle_job_counts_and_capture(tmp_path, paddle_venv):
-    t0 = time.monotonic()
-    with Cluster(SERVERS + TRAINERS, wire_delay_ms=WIRE_DELAY_MS) as cluster:
+    with Cluster(SERVERS + TRAINERS, wire_delay_ms=WIRE_DELAY_MS,
+                 wait_s=CLUSTER_WAIT_S) as cluster:
+        t0 = time.monotonic()
         with capture.WireCapture(tmp_path / "wire.pcap") as cap:
             res = runner.run_in_cluster(cluster, tmp_path / "out", SERVERS, TRAINERS, STEPS,
                                         timeout_s=JOB_TIMEOUT_S, python=paddle_venv)

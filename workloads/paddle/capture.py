@@ -1,11 +1,11 @@
 """The job's packets as the wire carried them, and each TCP direction's bytes in order:
 what parsers/brpc is checked on, independent of pslat's probes.
 
-`WireCapture(path)` (inside a workloads.cluster.Cluster) runs tcpdump in the wire namespace on the frames coming
-in from the hosts (`-Q in`: each frame once, as its sender handed it to the wire).
-`tcp_streams(path)` reassembles every TCP direction from its SYN's sequence number
-(retransmitted and overlapping bytes kept once); a direction whose start was not
-captured is left out.
+`WireCapture(path)` (inside a workloads.cluster.Cluster) runs tcpdump in the wire
+namespace on the frames coming in from the hosts (`-Q in`: each frame once, as its
+sender handed it to the wire). `tcp_streams(path)` reassembles every TCP direction
+from its SYN's sequence number (retransmitted and overlapping bytes kept once); a
+direction whose start was not captured is left out.
 """
 from __future__ import annotations
 

@@ -113,8 +113,9 @@ def _trainer(args, loss) -> None:
         out, = exe.run(main, feed={"ids": ids.reshape(-1, 1), "label": label},
                        fetch_list=[loss])
         t1 = time.monotonic_ns()
-        steps.append({"step": step, "ids": int(ids.size), "distinct_ids": int(len(np.unique(ids))),
-                      "t_before_ns": t0, "t_after_ns": t1, "loss": float(np.asarray(out).ravel()[0])})
+        steps.append({"step": step, "ids": int(ids.size),
+                      "distinct_ids": int(len(np.unique(ids))), "t_before_ns": t0,
+                      "t_after_ns": t1, "loss": float(np.asarray(out).ravel()[0])})
     t_steps = time.monotonic_ns()
     fleet.stop_worker()
     t_stopped = time.monotonic_ns()

@@ -5,7 +5,8 @@ servers and trainers each on a host of their own.
     with job:                      # start(); stop() at the end, whatever happened
         pids = job.wait_ready()    # every process loaded, servers listening, no RPC yet
         job.release()              # the trainers connect and train
-        res = job.wait()           # trainers done, servers' counters read, servers stopped
+        res = job.wait()           # wait_trainers(), then collect(): the servers'
+                                   # counters read over HTTP (/vars), servers stopped
     res.counts()                   # the job's own counts (the test oracle)
 
 Placement: server i on hosts[i], trainer j on hosts[servers + j] (wrapping). Every
@@ -101,7 +102,7 @@ class PaddleResult:
     servers: int
     trainers: int
     steps: int
-    wall_s: float      # release -> last trainer exited and the servers' counters read
+    wall_s: float      # release -> the last trainer exited
     processes: list[ProcInfo] = field(default_factory=list)
 
     def pids(self, role: str | None = None) -> list[int]:
@@ -169,6 +170,7 @@ class PaddleJob:
         self.gate_file = self.out_dir / "gate"
         self.procs: list[tuple[ProcInfo, subprocess.Popen]] = []
         self._t_release = 0.0
+        self._wall_s: float | None = None
         self._ports = {s.name: self._port(s) for s in self.specs}
 
     def _port(self, spec: ProcSpec) -> int:
@@ -256,8 +258,13 @@ class PaddleJob:
         self.gate_file.touch()
 
     def wait(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> PaddleResult:
-        """Release the trainers if not yet, wait until they exited, read the servers'
-        counters, stop the servers. UserError (everything killed) on a failure."""
+        """wait_trainers(), then collect(). UserError (everything killed) on a failure."""
+        self.wait_trainers(timeout_s)
+        return self.collect()
+
+    def wait_trainers(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Release the trainers if not yet and wait until every one exited 0 (the
+        servers then sit idle: a tracer can stop before collect()'s HTTP reads)."""
         if not self.gate_file.exists():
             self.wait_ready(timeout_s)
             self.release()
@@ -270,6 +277,16 @@ class PaddleJob:
                 raise self._fail(f"timed out after {timeout_s:.0f} s; still training: "
                                  f"{', '.join(left)}")
             time.sleep(POLL_INTERVAL_S)
+        self._wall_s = time.monotonic() - self._t_release
+        for t in trainers:
+            if not (self.out_dir / TRAINER_JSON.format(t.index)).exists():
+                raise self._fail(f"{t.name} exited 0 without writing its counts")
+
+    def collect(self) -> PaddleResult:
+        """After wait_trainers(): read each server's counters from brpc's /vars (one
+        HTTP connection to its port each), then stop the servers."""
+        if self._wall_s is None:
+            raise UserError("collect() comes after wait_trainers()")
         for info, _p in self.procs:
             if info.role != "PSERVER":
                 continue
@@ -279,13 +296,8 @@ class PaddleJob:
             (self.out_dir / SERVER_JSON.format(info.index)).write_text(
                 json.dumps({"server": info.index, "addr": info.addr, "port": info.port,
                             "pid": info.pid, "bvars": bvars}))
-        wall_s = time.monotonic() - self._t_release
         self.stop()
-        for info, _p in self.procs:
-            missing = not (self.out_dir / TRAINER_JSON.format(info.index)).exists()
-            if info.role == "TRAINER" and missing:
-                raise self._fail(f"{info.name} exited 0 without writing its counts")
-        return PaddleResult(self.out_dir, self.servers, self.trainers, self.steps, wall_s,
+        return PaddleResult(self.out_dir, self.servers, self.trainers, self.steps, self._wall_s,
                             [i for i, _ in self.procs])
 
     def stop(self) -> None:
