@@ -121,8 +121,8 @@ def _covering(ends: pd.DataFrame, seg: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def _joined(d, truth, wire):
-    q = d.complete.astype({"worker": "int64", "server": "int64", "timestamp": "int64"})
-    j = q.merge(_truth(truth), left_on=["worker", "server", "timestamp"],
+    q = d.complete.astype({"worker": "int64", "server": "int64", "call_id": "int64"})
+    j = q.merge(_truth(truth), left_on=["worker", "server", "call_id"],
                 right_on=["sender", "recver", "timestamp"], suffixes=("", "_true"), validate="one_to_one")
     j["_row"] = np.arange(len(j))
     seg = _segments(wire)
@@ -232,7 +232,7 @@ def _check_estimated_clocks(name, out: Path, exact, symmetric: bool):
         assert abs(m.offset_ns) <= m.uncertainty_ns, m.to_json()
         if symmetric:
             _offset_within_50us(name, m.key, m.offset_ns)
-    ids = ["worker", "server", "timestamp", "app_id", "customer_id"]
+    ids = ["worker", "server", "call_id", "call_space"]
     j = d.complete.merge(exact.complete, on=ids, suffixes=("", "_exact"), validate="one_to_one")
     unc = j.apply(lambda r: d.clocks[tuple(sorted((r.worker_host, r.server_host)))].uncertainty_ns, axis=1)
     have = j[["wire_req", "wire_resp", "wire_req_exact", "wire_resp_exact"]].notna().all(axis=1)
