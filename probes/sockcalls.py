@@ -89,7 +89,10 @@ SOCKCALLS = Probe(
         "SOCKCALLS_RING_PAGES": (1024, 1, 1 << 16),  # 4 MiB: ~1000 full records, ~10k small ones
         "SOCKCALLS_INFLIGHT_MAX": (16384, 64, 1 << 20),  # threads inside a traced call at once
         "SOCKCALLS_CONNS_MAX": (16384, 64, 1 << 22),  # connections whose facts are cached (~136 B each)
-        "SOCKCALLS_IOV_WALK_MAX": (8, 1, 32),  # iovecs of a call the walker reads
+        # iovecs of a call the walker reads (UIO_MAXIOV: all), SOCKCALLS_IOV_WINDOW at a time
+        # (a walk step reads the next window; a larger window makes the verifier refuse the walk)
+        "SOCKCALLS_IOV_WALK_MAX": (1024, 1, 1024),
+        "SOCKCALLS_IOV_WINDOW": (8, 1, 8),
         # the walker (walk_engine.bpf.h) and its framings
         # steps per walker pass (33 passes per call at most: ~1300 frames of small messages at
         # 64, ~650 at 32; beyond, counted walk_budget); the verifier refuses ~96

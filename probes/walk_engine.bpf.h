@@ -99,7 +99,7 @@ fr_candidate(int proto, const u8 *b);   /* could a message start at b? */
 static __always_inline int
 fr_chain_frame(int proto, const u8 *h, u64 r, u32 idx, u64 *len); /* -1 bad, 0 more frames, 1 message end */
 
-#define WK_IOV_MAX 32      /* room for iovecs; SOCKCALLS_IOV_WALK_MAX <= this */
+#define WK_IOV_MAX 32      /* room for iovecs: a window of SOCKCALLS_IOV_WINDOW <= this */
 #define WK_PIECE_MAX 512   /* bytes copied by one step */
 #define WK_BLOCK_BYTES 512 /* keys hashed by one step (64 keys) */
 #define WK_ITEM_HDR 8      /* sizeof(struct sockcall_item) */
@@ -130,8 +130,8 @@ fr_chain_frame(int proto, const u8 *h, u64 r, u32 idx, u64 *len); /* -1 bad, 0 m
 #define WK_CHAIN_AHEAD 2 /* plausible up to the call's end; its next header is at h_pos, frame h_idx */
 #define WK_CHAIN_CUT 3   /* plausible up to a header split by the call's end */
 
-#if SOCKCALLS_IOV_WALK_MAX > WK_IOV_MAX
-#error "SOCKCALLS_IOV_WALK_MAX is larger than the walker's iovec room"
+#if SOCKCALLS_IOV_WINDOW > WK_IOV_MAX
+#error "SOCKCALLS_IOV_WINDOW is larger than the walker's iovec room"
 #endif
 #if SOCKCALLS_META_COPY_MAX > WK_PIECE_MAX * 4 || SOCKCALLS_COMMAND_COPY_MAX > WK_PIECE_MAX * 4
 #error "copy bounds above what the walker supports"
@@ -203,7 +203,14 @@ struct wk_hint {
 struct wk_walk {
 	struct wk_state st;
 	struct wk_key key;
+	/* The call's iovecs are read a window at a time (SOCKCALLS_IOV_WINDOW; a
+	 * step reads the next one): iov[0..niov) are the call's iovecs
+	 * iov_first.., the first of them at call offset win_off. */
 	struct user_iovec iov[WK_IOV_MAX];
+	u64 iov_ptr;        /* the call's iovec array (user memory) */
+	volatile u64 win_off;
+	volatile u32 iov_first;
+	volatile u32 iov_count; /* the call's iovecs, up to SOCKCALLS_IOV_WALK_MAX */
 	volatile u64 total; /* bytes the call moved */
 	volatile u64 pos;   /* call offset of the next byte to walk */
 	volatile u64 iov_off; /* offset of pos inside iov[iov_i] */
@@ -397,12 +404,15 @@ static __always_inline void wk_copy_kernel(struct wk_scratch *s, u64 call_off, v
 
 /* ---- the call's bytes ------------------------------------------------------ */
 
-/* Read the call's iovecs (or make one of a plain buffer). */
+/* Read the call's first window of iovecs (or make one of a plain buffer). */
 static __always_inline void wk_load_iovs(struct wk_walk *w, u8 call, u64 ptr, u64 len, u64 total)
 {
 	w->iov_i = 0;
 	w->iov_off = 0;
 	w->niov = 0;
+	w->iov_first = 0;
+	w->iov_count = 0;
+	w->win_off = 0;
 	u64 iov = 0, n = 0;
 	switch (call) {
 	case SOCKCALL_READ:
@@ -412,6 +422,7 @@ static __always_inline void wk_load_iovs(struct wk_walk *w, u8 call, u64 ptr, u6
 		w->iov[0].base = ptr;
 		w->iov[0].len = total;
 		w->niov = 1;
+		w->iov_count = 1;
 		return;
 	case SOCKCALL_READV:
 	case SOCKCALL_WRITEV:
@@ -425,20 +436,29 @@ static __always_inline void wk_load_iovs(struct wk_walk *w, u8 call, u64 ptr, u6
 	}
 	if (n > SOCKCALLS_IOV_WALK_MAX)
 		n = SOCKCALLS_IOV_WALK_MAX;
+	w->iov_ptr = iov;
+	w->iov_count = n;
+	if (n > SOCKCALLS_IOV_WINDOW)
+		n = SOCKCALLS_IOV_WINDOW;
 	if (n == 0 || n > WK_IOV_MAX)
 		return;
 	if (bpf_probe_read_user(w->iov, n * sizeof(struct user_iovec), (void *)iov) == 0)
 		w->niov = n;
+	else
+		w->iov_count = 0;
 }
 
-/* Move the walk to call offset `off` (iovec and offset inside it). */
+/* Move the walk to call offset `off` (>= win_off) in the window: its iovec
+ * and the offset inside it; past the window's end, iov_i = niov and iov_off
+ * the bytes beyond it (wk_next_window goes on from there). */
 static __always_inline void wk_seek(struct wk_walk *w, u64 off)
 {
 	w->pos = off;
 	w->iov_i = 0;
+	off -= w->win_off;
 #pragma unroll
 	for (int i = 0; i < WK_IOV_MAX; i++) {
-		if (i >= w->niov || i >= SOCKCALLS_IOV_WALK_MAX)
+		if (i >= w->niov || i >= SOCKCALLS_IOV_WINDOW)
 			break;
 		u64 l = w->iov[i].len;
 		if (off < l)
@@ -449,13 +469,54 @@ static __always_inline void wk_seek(struct wk_walk *w, u64 off)
 	w->iov_off = off;
 }
 
+/* Does the call have iovecs after this window? */
+static __always_inline int wk_more_iovs(struct wk_walk *w)
+{
+	return w->iov_first + w->niov < w->iov_count;
+}
+
+/* Read the window after this one (iov_i = niov: the walk is past its last
+ * iovec, iov_off bytes beyond its end). Returns 0 when there is none or the
+ * read failed (then there is no window: the walk stops there, WALK_END IOV). */
+static __always_inline int wk_read_window(struct wk_walk *w)
+{
+	if (!wk_more_iovs(w))
+		return 0;
+	u32 first = w->iov_first + w->niov;
+	u64 n = w->iov_count - first;
+	if (n > SOCKCALLS_IOV_WINDOW)
+		n = SOCKCALLS_IOV_WINDOW;
+	u64 end = w->pos - w->iov_off; /* the call offset where this window ended */
+	asm volatile("" : "+r"(n));
+	if (n == 0 || n > WK_IOV_MAX ||
+	    bpf_probe_read_user(w->iov, n * sizeof(struct user_iovec), (void *)(w->iov_ptr + (u64)first * sizeof(struct user_iovec)))) {
+		w->niov = 0;
+		w->iov_count = 0;
+		return 0;
+	}
+	w->iov_first = first;
+	w->niov = n;
+	w->win_off = end;
+	return 1;
+}
+
+/* At the start of a walk pass: a cursor that a seek put beyond the window
+ * (a sync point in a later iovec) moves on to the window that holds it. */
+static __always_inline void wk_next_window(struct wk_walk *w)
+{
+	if (w->iov_i >= w->niov && wk_read_window(w))
+		wk_seek(w, w->pos);
+}
+
 /* Raw bytes [from, from + len) of the call (len <= WK_PIECE_MAX), across
  * iovecs, for a stretch the walker does not follow. */
 static __always_inline void wk_copy_raw(struct wk_scratch *s, u64 from, u64 len, u8 what)
 {
 	struct wk_walk *w = &s->w;
-	u64 skip = from;
-	for (int i = 0; i < SOCKCALLS_IOV_WALK_MAX; i++) {
+	if (from < w->win_off)
+		return; /* before the window: not here */
+	u64 skip = from - w->win_off;
+	for (int i = 0; i < SOCKCALLS_IOV_WINDOW; i++) {
 		if (i >= w->niov || len == 0)
 			break;
 		u64 l = w->iov[i & (WK_IOV_MAX - 1)].len;
@@ -797,7 +858,17 @@ static __always_inline int wk_next(struct wk_scratch *s, u64 *addr, u64 *avail)
 		return 1;
 	u32 i = w->iov_i;
 	if (i >= w->niov || i >= WK_IOV_MAX) {
-		wk_stop(s, SOCKCALL_STOP_IOV, 0);
+		/* the window's end, the cursor right after its last byte: the
+		 * next window, its first iovec (a cursor a seek left beyond it
+		 * waits for the next pass); else the call has more bytes than the
+		 * iovecs the walker reads */
+		if (w->iov_off == 0 && wk_read_window(w)) {
+			w->iov_i = 0;
+			*avail = 0;
+			return 0;
+		}
+		if (!wk_more_iovs(w))
+			wk_stop(s, SOCKCALL_STOP_IOV, 0);
 		return 1;
 	}
 	struct user_iovec *v = &w->iov[i & (WK_IOV_MAX - 1)];
@@ -1038,7 +1109,7 @@ static __always_inline u64 wk_hunt_find(struct wk_scratch *s, const int proto)
 {
 	struct wk_walk *w = &s->w;
 	w->h_limit = 0;
-	if (w->niov == 0)
+	if (w->niov == 0 || w->iov_first != 0) /* only the call's first iovec is searched */
 		return w->total;
 	u64 limit = w->iov[0].len < w->total ? w->iov[0].len : w->total;
 	w->h_limit = limit;
@@ -1306,6 +1377,7 @@ static __always_inline int wk_walk_pass(void *ctx, const int proto)
 	struct wk_scratch *s = wk_scratch();
 	if (!s)
 		return 0;
+	wk_next_window(&s->w);
 	wk_preface_steps(s, proto);
 	for (int i = 0; i < SOCKCALLS_WALK_STEPS; i++) {
 		if (wk_step(s, proto))
