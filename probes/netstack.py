@@ -4,7 +4,7 @@ The kernel network stack around the messages of traced sockets: driver
 handoff, qdisc, TX completion, NAPI / netif_receive, data-ready, window state,
 retransmissions, connection life cycle, connect/accept times and the
 scheduler state of the threads that read. Per message, not per packet: the
-ZMTP walker in sockcalls.bpf.c calls the ns_* API of rings.bpf.h (documented
+kernel walker in sockcalls.bpf.c (walk_engine.bpf.h) calls the ns_* API of rings.bpf.h (documented
 there) when it finds where a message ends.
 """
 from __future__ import annotations
