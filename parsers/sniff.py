@@ -16,8 +16,10 @@ from .registry import PROTOCOLS, detect
 DETECT_BYTES_MAX = 16   # more than any protocol's signature: undecided after this, opaque
 # a stream joined mid-stream that no hunter recognised in this many bytes is taken as
 # opaque (hunting costs every parser's scan per byte; a parameter server's streams
-# sync within their first messages)
+# sync within their first messages) unless a hunter holds more than HUNT_PENDING_MAX
+# bytes pending: a candidate chain it follows (a message with a data frame of many MB)
 HUNT_BYTES_MAX = 4 << 20
+HUNT_PENDING_MAX = 1 << 20
 
 
 class OpaqueStream:
@@ -136,7 +138,8 @@ class SniffingParser:
             if won is None and (got or p.recognised()):
                 won = (name, p, got)
         if won is None:
-            if self._fed + self._gaps > HUNT_BYTES_MAX:
+            if self._fed + self._gaps > HUNT_BYTES_MAX and all(
+                    p.stats().pending_bytes <= HUNT_PENDING_MAX for p in self._hunters.values()):
                 self._choose(OpaqueStream(start_offset=self.offset, fed_bytes=self._fed, gap_bytes=self._gaps),
                              UNRECOGNISED)
             return []

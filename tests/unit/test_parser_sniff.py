@@ -141,6 +141,22 @@ def test_every_protocol_gives_the_interface(name):
     assert sync is None or sync[0] <= len(data) // 2
 
 
+def test_a_chain_through_a_data_frame_longer_than_the_hunt_bound_is_followed(monkeypatch):
+    """Joined in the middle of a ps-lite stream whose next message carries more than
+    HUNT_BYTES_MAX of values: the hunter following it keeps the stream from being
+    given up as opaque."""
+    import parsers.sniff as sniff
+
+    monkeypatch.setattr(sniff, "HUNT_BYTES_MAX", 1 << 20)
+    big = penc.MessageSpec(request=True, push=True, timestamp=7, keys=list(range(4)), vals=b"\1" * (3 << 20))
+    small = [penc.MessageSpec(request=True, push=True, timestamp=8 + i, keys=[i], vals=b"\0" * 8) for i in range(3)]
+    data = penc.encode_stream([penc.MessageSpec(timestamp=6, keys=[1], vals=b"\0" * 8), big, *small])[0]
+    cut = 120   # inside the first message: the hunt starts before the big one's meta
+    p = SniffingParser(mid_stream=True, start_offset=cut)
+    got = _run(p, data[cut:], random.Random(10))
+    assert p.verdict == "pslite" and [m.call_id for m in got][-4:] == [7, 8, 9, 10]
+
+
 def test_forced_protocols_are_checked():
     assert registry.parse_forced(["8500=brpc", "9000=pslite"]) == {8500: "brpc", 9000: "pslite"}
     for bad in ["8500", "x=brpc", "0=brpc", "70000=brpc", "8500=grpc"]:
