@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import UserError
+from workloads import venvs
 
 ROOT = Path(__file__).resolve().parents[2]
 # Same default and override as scripts/setup.sh.
 VENV_DIR = Path(os.environ.get("PSLAT_MXNET_VENV", ROOT / ".venv-mxnet"))
 # setup.sh writes this line into the venv's .pslat-stamp once pip succeeded.
-STAMP = "mxnet==1.9.1 numpy<1.24"
-SYS_PYTHON = "/usr/bin/python3"
-PIP_TIMEOUT_S = 900.0
+PACKAGES = ("mxnet==1.9.1", "numpy<1.24")
+STAMP = " ".join(PACKAGES)
+SYS_PYTHON = venvs.SYS_PYTHON
 
 # The framework boundary of ps-lite inside libmxnet.so: every message a node
 # sends goes through ZMQVan::SendMsg, every one it receives comes out of
@@ -30,35 +31,16 @@ VAN_FUNCTIONS = ("ps::ZMQVan::SendMsg", "ps::ZMQVan::RecvMsg")
 
 
 def venv_python(venv: Path = VENV_DIR) -> Path:
-    return venv / "bin" / "python"
+    return venvs.venv_python(venv)
 
 
 def venv_ready(venv: Path = VENV_DIR) -> bool:
-    stamp = venv / ".pslat-stamp"
-    return (venv_python(venv).exists() and stamp.exists()
-            and stamp.read_text().strip() == STAMP)
+    return venvs.venv_ready(venv, STAMP)
 
 
 def ensure_venv(venv: Path = VENV_DIR, create: bool = True) -> Path:
     """The MXNet venv's python; creates the venv first if it is missing and create is true."""
-    if venv_ready(venv):
-        return venv_python(venv)
-    if not create:
-        raise UserError(f"the MXNet venv {venv} is missing or incomplete; run `make setup`")
-    cmds = [[SYS_PYTHON, "-m", "venv", str(venv)],
-            [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-             "mxnet==1.9.1", "numpy<1.24"]]
-    for cmd in cmds:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise UserError(f"cannot create the MXNet venv {venv} ({e}); run `make setup`") from e
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise UserError(f"cannot create the MXNet venv {venv}: `{' '.join(cmd)}` failed: "
-                            f"{' | '.join(tail)}; run `make setup`")
-    (venv / ".pslat-stamp").write_text(STAMP + "\n")
-    return venv_python(venv)
+    return venvs.ensure_venv(venv, STAMP, PACKAGES, "the MXNet venv", create, sys_python=SYS_PYTHON)
 
 
 def libmxnet_path(venv: Path = VENV_DIR) -> Path:

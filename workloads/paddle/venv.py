@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 from pathlib import Path
 
 from agent.errors import UserError
+from workloads import venvs
 # nm/c++filt readers shared with ps-lite's uprobe points
 from workloads.mxnet.venv import UprobePoint, _demangle, _dynamic_symbols
 
@@ -22,42 +22,20 @@ VENV_DIR = Path(os.environ.get("PSLAT_PADDLE_VENV", ROOT / ".venv-paddle"))
 PACKAGES = ("paddlepaddle==3.0.0", "protobuf<6")
 # setup_paddle.sh writes this line into the venv's .pslat-stamp once pip succeeded.
 STAMP = " ".join(PACKAGES)
-SYS_PYTHON = "/usr/bin/python3"
-# A fresh install (download included) took 105 s here; leave room for a slow mirror.
-PIP_TIMEOUT_S = 900.0
 
 
 def venv_python(venv: Path = VENV_DIR) -> Path:
-    return venv / "bin" / "python"
+    return venvs.venv_python(venv)
 
 
 def venv_ready(venv: Path = VENV_DIR) -> bool:
-    stamp = venv / ".pslat-stamp"
-    return (venv_python(venv).exists() and stamp.exists()
-            and stamp.read_text().strip() == STAMP)
+    return venvs.venv_ready(venv, STAMP)
 
 
 def ensure_venv(venv: Path = VENV_DIR, create: bool = True) -> Path:
     """The Paddle venv's python; creates the venv first if it is missing and create is true."""
-    if venv_ready(venv):
-        return venv_python(venv)
-    if not create:
-        raise UserError(f"the Paddle venv {venv} is missing or incomplete; run `make setup` "
-                        "(or scripts/setup_paddle.sh)")
-    cmds = [[SYS_PYTHON, "-m", "venv", str(venv)],
-            [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-             "--only-binary=:all:", *PACKAGES]]
-    for cmd in cmds:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise UserError(f"cannot create the Paddle venv {venv} ({e}); run `make setup`") from e
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise UserError(f"cannot create the Paddle venv {venv}: `{' '.join(cmd)}` failed: "
-                            f"{' | '.join(tail)}; run `make setup`")
-    (venv / ".pslat-stamp").write_text(STAMP + "\n")
-    return venv_python(venv)
+    return venvs.ensure_venv(venv, STAMP, PACKAGES, "the Paddle venv", create, pip_args=("--only-binary=:all:",),
+                             missing_hint="run `make setup` (or scripts/setup_paddle.sh)")
 
 
 def paddle_libraries(venv: Path = VENV_DIR) -> list[Path]:

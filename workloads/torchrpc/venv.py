@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from agent.errors import UserError
+from workloads import venvs
 
 ROOT = Path(__file__).resolve().parents[2]
 # Same default and override as scripts/setup_torch.sh.
@@ -18,12 +19,11 @@ STAMP = "torch==2.13.0 numpy<3"
 
 
 def venv_python(venv: Path = VENV_DIR) -> Path:
-    return venv / "bin" / "python"
+    return venvs.venv_python(venv)
 
 
 def venv_ready(venv: Path = VENV_DIR) -> bool:
-    stamp = venv / ".pslat-stamp"
-    return venv_python(venv).exists() and stamp.exists() and stamp.read_text().strip() == STAMP
+    return venvs.venv_ready(venv, STAMP)
 
 
 def require_venv(venv: Path = VENV_DIR) -> Path:
