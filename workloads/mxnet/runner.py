@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from agent.errors import UserError
+from workloads.procs import kill_and_reap, log_tail
 
 from . import oplog
 from .venv import ensure_venv
@@ -148,11 +148,7 @@ class MxnetResult:
 
 
 def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])
+    return log_tail(path, lines)
 
 
 _CONNECTED = re.compile(rb"\b[HSW]\[(\d+)\] is connected to others")
@@ -283,17 +279,9 @@ class MxnetJob:
 
     def stop(self) -> None:
         """Kill every process of the job still running (by its process group)."""
-        for _info, p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for info, p in self.procs:
-            try:
-                info.returncode = p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        for (info, _p), rc in zip(self.procs, kill_and_reap([p for _, p in self.procs])):
+            if rc is not None:
+                info.returncode = rc
 
     def _fail(self, why: str) -> UserError:
         self.stop()

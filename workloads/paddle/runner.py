@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import UserError
+from workloads.procs import log_tail, signal_group
 
 from . import brpc_vars
 from .venv import ensure_venv
@@ -143,11 +144,7 @@ class PaddleResult:
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])
+    return log_tail(path, lines)
 
 
 class PaddleJob:
@@ -304,13 +301,13 @@ class PaddleJob:
         """Stop every process still running: SIGTERM to its group, SIGKILL after a grace."""
         live = [(i, p) for i, p in self.procs if p.poll() is None]
         for _i, p in live:
-            _signal_group(p, signal.SIGTERM)
+            signal_group(p, signal.SIGTERM)
         deadline = time.monotonic() + SERVER_STOP_GRACE_S
         for info, p in live:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
+                signal_group(p, signal.SIGKILL)
                 p.wait(timeout=10)
             if info.role == "PSERVER" or info.returncode is None:
                 info.returncode = p.returncode
@@ -327,13 +324,6 @@ class PaddleJob:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-
-def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(p.pid, sig)   # its own session: the group is its pid
-    except ProcessLookupError:
-        pass
 
 
 def run_in_cluster(cluster: Any, out_dir: str | os.PathLike, servers: int = 2,

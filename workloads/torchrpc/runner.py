@@ -10,10 +10,8 @@ the machine's hostname, is no host's in the cluster (namespaces share one hostna
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from agent.errors import UserError
+from workloads.procs import kill_and_reap, log_tail
 
 from .venv import require_venv
 
@@ -54,10 +53,7 @@ class TorchResult:
 
 
 def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return ""
+    return log_tail(path, lines)
 
 
 class TorchJob:
@@ -113,12 +109,9 @@ class TorchJob:
 
     def stop(self) -> None:
         """SIGKILL what still runs (each process's whole group) and reap it."""
-        for info, p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                info.returncode = p.wait(timeout=10)
+        for (info, _p), rc in zip(self.procs, kill_and_reap([p for _, p in self.procs])):
+            if rc is not None:
+                info.returncode = rc
 
     def _fail(self, why: str) -> UserError:
         self.stop()
