@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import UserError
 from workloads import venvs
+from workloads.symbols import UprobePoint, demangle, dynamic_symbols
 
 ROOT = Path(__file__).resolve().parents[2]
 # Same default and override as scripts/setup.sh.
@@ -51,41 +49,6 @@ def libmxnet_path(venv: Path = VENV_DIR) -> Path:
     return found[0]
 
 
-@dataclass(frozen=True)
-class UprobePoint:
-    function: str      # demangled qualified name, e.g. "ps::ZMQVan::SendMsg"
-    symbol: str        # mangled name, what an uprobe attaches to (bcc: sym=)
-    signature: str     # demangled with parameters, for humans
-    offset: int        # st_value in .dynsym (the file offset bcc computes from it)
-
-
-def _dynamic_symbols(lib: Path) -> list[tuple[int, str, str]]:
-    """(value, type, mangled name) of the defined dynamic symbols of lib."""
-    tool = shutil.which("nm")
-    if not tool:
-        raise UserError("`nm` not found (binutils); install binutils (apt-get install binutils)")
-    proc = subprocess.run([tool, "-D", "--defined-only", str(lib)],
-                          capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        raise UserError(f"cannot read the dynamic symbols of {lib}: {proc.stderr.strip()}; "
-                        "reinstall the MXNet venv with `make setup`")
-    out = []
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 3:
-            out.append((int(parts[0], 16), parts[1], parts[2]))
-    return out
-
-
-def _demangle(names: list[str]) -> list[str]:
-    tool = shutil.which("c++filt")
-    if not tool:
-        raise UserError("`c++filt` not found (binutils); install binutils (apt-get install binutils)")
-    proc = subprocess.run([tool], input="\n".join(names) + "\n",
-                          capture_output=True, text=True, timeout=30, check=True)
-    return proc.stdout.splitlines()
-
-
 @functools.lru_cache(maxsize=4)
 def van_uprobe_points(lib: Path | None = None) -> dict[str, UprobePoint]:
     """The exported ps::ZMQVan::SendMsg / RecvMsg of libmxnet.so, by demangled function name.
@@ -94,9 +57,9 @@ def van_uprobe_points(lib: Path | None = None) -> dict[str, UprobePoint]:
     MXNet 1.9.1 exports both as W, being inline members of a header class).
     """
     lib = lib or libmxnet_path()
-    candidates = [(v, t, n) for v, t, n in _dynamic_symbols(lib)
+    candidates = [(v, t, n) for v, t, n in dynamic_symbols(lib)
                   if t in ("T", "W", "t", "w") and n.startswith("_ZN2ps6ZMQVan7")]
-    demangled = _demangle([n for _, _, n in candidates])
+    demangled = demangle([n for _, _, n in candidates])
     points: dict[str, UprobePoint] = {}
     for (value, _type, name), sig in zip(candidates, demangled):
         function = sig.split("(", 1)[0]

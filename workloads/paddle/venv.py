@@ -13,8 +13,7 @@ from pathlib import Path
 
 from agent.errors import UserError
 from workloads import venvs
-# nm/c++filt readers shared with ps-lite's uprobe points
-from workloads.mxnet.venv import UprobePoint, _demangle, _dynamic_symbols
+from workloads.symbols import UprobePoint, demangle, dynamic_symbols
 
 ROOT = Path(__file__).resolve().parents[2]
 # Same default and override as scripts/setup_paddle.sh.
@@ -69,10 +68,10 @@ def brpc_uprobe_points(lib: Path | None = None) -> dict[str, UprobePoint]:
     """The exported BRPC_FUNCTIONS of libpaddle.so, by demangled function name (nm -D:
     the library is read, never loaded). UserError if one is not exported."""
     lib = lib or libpaddle_path()
-    candidates = [(v, t, n) for v, t, n in _dynamic_symbols(lib)
+    candidates = [(v, t, n) for v, t, n in dynamic_symbols(lib)
                   if t in ("T", "W") and n.startswith(("_ZN4brpc6policy", "_ZN4brpc10Controller"))]
     points: dict[str, UprobePoint] = {}
-    for (value, _type, name), sig in zip(candidates, _demangle([n for _, _, n in candidates])):
+    for (value, _type, name), sig in zip(candidates, demangle([n for _, _, n in candidates])):
         function = sig.split("(", 1)[0]
         if function in BRPC_FUNCTIONS:
             points[function] = UprobePoint(function, name, sig, value)
