@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 
 from parsers.protocol import PAIR_NODES
 
-from .message import _CMD_NAMES, ABSENT_ID, PsMessage
+from .message import ABSENT_ID, PsMessage, op_name_of
 
 COLUMNS = ("app_id", "customer_id", "timestamp", "cmd")
 _LOW32 = 0xFFFFFFFF
@@ -35,9 +35,8 @@ def upgrade(tbl: pa.Table) -> pa.Table:
     op = col("op", pa.string())
     cmd = col("cmd", pa.int64())
     control = pc.fill_null(col("control", pa.bool_()), False)
-    cmd_name = pa.array([None if c is None else _CMD_NAMES.get(c, f"cmd_{c}") for c in cmd.to_pylist()],
-                        pa.string())
-    op_name = pc.if_else(control, cmd_name, pc.if_else(pc.equal(op, "simple"), "simple_app", op))
+    op_name = pa.array([None if (o is None or ctl and c is None) else op_name_of(ctl, c, o)
+                        for ctl, c, o in zip(control.to_pylist(), cmd.to_pylist(), op.to_pylist())], pa.string())
     detail = pa.array([('{"cmd":%d}' % c if c is not None else None) if ctl else
                        ('{"simple_app":true}' if o == "simple" else None)
                        for ctl, c, o in zip(control.to_pylist(), cmd.to_pylist(), op.to_pylist())], pa.string())

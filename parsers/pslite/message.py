@@ -111,7 +111,7 @@ class PsMessage:
 
     def detail(self) -> dict:
         """What call_space, call_id and op_name leave out (app_id and customer_id are
-        call_space: ids_of_call_space)."""
+        call_space: legacy.ps_ids)."""
         if self.kind is Kind.CONTROL:
             return {"cmd": self.cmd}
         return {"simple_app": True} if self.simple_app else {}
@@ -120,17 +120,21 @@ class PsMessage:
 _CMD_NAMES = {c.value: c.name for c in Cmd}
 
 
+def op_name_of(control: bool, cmd: int, op: str) -> str:
+    """ps-lite's own name of a message: its command's for control messages
+    (ps::Control::Command), simple_app for SimpleApp data, else the op."""
+    if control:
+        return _CMD_NAMES.get(cmd) or f"cmd_{cmd}"
+    return "simple_app" if op == "simple" else op
+
+
 def ps_message(first: int, last: int, meta: "MetaInfo", ps_op: Op, sender_node_id, num_keys: int,
                key_sample: tuple, key_sample_complete: bool, value_bytes: int, data_frames: int,
                meta_bytes: int) -> PsMessage:
     """A PsMessage of a parsed meta, with the protocol-neutral fields filled in."""
     control = meta.kind is Kind.CONTROL
-    if control:
-        op, op_name = "control", _CMD_NAMES.get(meta.cmd) or f"cmd_{meta.cmd}"
-    elif ps_op is Op.NONE:
-        op, op_name = "simple", "simple_app"
-    else:
-        op = op_name = ps_op.value
+    op = "control" if control else "simple" if ps_op is Op.NONE else ps_op.value
+    op_name = op_name_of(control, meta.cmd, op)
     return PsMessage(first, last, meta.kind, meta.cmd, meta.request, ps_op, meta.pull is not None,
                      meta.simple_app, meta.head, meta.app_id, meta.customer_id, meta.timestamp, sender_node_id,
                      num_keys, key_sample, key_sample_complete, value_bytes, data_frames, meta_bytes,
@@ -153,18 +157,6 @@ def call_space_of(app_id: int | None, customer_id: int | None) -> int | None:
     v = (a & 0xFFFFFFFF) << 32 | (c & 0xFFFFFFFF)
     return v - (1 << 64) if v >= 1 << 63 else v
 
-
-def ids_of_call_space(call_space: int | None) -> tuple[int | None, int | None]:
-    """(app_id, customer_id) back from PsMessage.call_space."""
-    if call_space is None:
-        return None, None
-    v = call_space & 0xFFFFFFFFFFFFFFFF
-
-    def s32(x: int) -> int | None:
-        x = x - (1 << 32) if x >= 1 << 31 else x
-        return None if x == ABSENT_ID else x
-
-    return s32(v >> 32), s32(v & 0xFFFFFFFF)
 
 
 @dataclass(slots=True)
