@@ -106,6 +106,7 @@ def _trainer(args, loss) -> None:
     rng = np.random.default_rng([args.seed, tid])
     main = paddle.static.default_main_program()
     steps = []
+    fed = set()   # every id fed: each gets a gradient pushed (the pushes' lower bound)
     for step in range(args.steps):
         ids = rng.integers(1, args.vocab + 1, size=(args.batch, args.slots), dtype=np.int64)
         label = (ids.sum(axis=1, keepdims=True) % 7).astype(np.float32) / 7.0
@@ -113,6 +114,7 @@ def _trainer(args, loss) -> None:
         out, = exe.run(main, feed={"ids": ids.reshape(-1, 1), "label": label},
                        fetch_list=[loss])
         t1 = time.monotonic_ns()
+        fed.update(ids.ravel().tolist())
         steps.append({"step": step, "ids": int(ids.size),
                       "distinct_ids": int(len(np.unique(ids))), "t_before_ns": t0,
                       "t_after_ns": t1, "loss": float(np.asarray(out).ravel()[0])})
@@ -122,6 +124,7 @@ def _trainer(args, loss) -> None:
     summary = {"trainer_id": tid, "pid": os.getpid(), "pod_ip": os.environ.get("POD_IP"),
                "steps_done": len(steps), "steps_asked": args.steps, "batch": args.batch,
                "slots": args.slots, "tables": _table_ids(), "steps": steps,
+               "distinct_ids_all": len(fed),
                "t_start_ns": t_start, "t_init_worker_done_ns": t_inited,
                "t_steps_done_ns": t_steps, "t_stop_worker_done_ns": t_stopped}
     tmp = args.out / f".trainer-{tid}.json"

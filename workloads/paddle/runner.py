@@ -123,6 +123,7 @@ class PaddleResult:
         """The job's own counts, none of them from pslat:
 
         {"trainers": {id: {"steps": int, "pull_sparse_keys": [distinct ids per step],
+                           "distinct_ids_all": int,   # over every step (None: older json)
                            "tables": {"sparse": {name: table id}, "dense": [table ids]}}},
          "servers": {index: {"requests": int,            # every PsService request
                              "by_op": {PsCmdID name: int}}},  # the four table ops
@@ -130,6 +131,7 @@ class PaddleResult:
         """
         trainers = {j: {"steps": s["steps_done"],
                         "pull_sparse_keys": [st["distinct_ids"] for st in s["steps"]],
+                        "distinct_ids_all": s.get("distinct_ids_all"),
                         "tables": s["tables"]}
                     for j, s in self.trainer_summaries().items()}
         servers, total = {}, {}
