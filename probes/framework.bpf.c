@@ -4,6 +4,8 @@
  *   libzmq:  zmq_msg_send (entry+return), zmq_msg_recv (entry+return),
  *            zmq_socket (entry+return, to learn socket types)
  *   ps-lite: ps::ZMQVan::SendMsg (entry+return), ps::ZMQVan::RecvMsg (entry+return)
+ *   brpc:    baidu_std's four ends of an RPC, entry only (linked into Paddle's
+ *            libpaddle.so; see "brpc" below and docs/paddle.md)
  *
  * One ring event per message, not per call: a ps-lite message is 3-5 zmq
  * frames (ROUTER routing id, meta, keys, vals, lens), and one event per frame
@@ -54,6 +56,10 @@ enum fw_kind {
     FW_ZMQ_SOCKET = 3,
     FW_PS_SEND = 4,
     FW_PS_RECV = 5,
+    FW_BRPC_CLIENT_SEND = 6,  /* brpc::policy::PackRpcRequest: a request packed to go out */
+    FW_BRPC_CLIENT_RECV = 7,  /* brpc::Controller::OnVersionedRPCReturned: its response back */
+    FW_BRPC_SERVER_RECV = 8,  /* brpc::policy::ProcessRpcRequest: a request handed to the service */
+    FW_BRPC_SERVER_SEND = 9,  /* brpc::policy::SendRpcResponse: the service's response out */
 };
 
 enum fw_counter {
@@ -64,7 +70,8 @@ enum fw_counter {
     FW_INFLIGHT_FULL = 4, /* entry state could not be saved */
     FW_FRAMES = 5,        /* zmq frames completed (and added to a message) */
     FW_PIECES = 6,        /* events sent before their message ended (more set) */
-    FW_NCOUNTERS = 7,
+    FW_UNPAIRED = 7,      /* brpc: a server request or response whose other end was not on its thread */
+    FW_NCOUNTERS = 8,
 };
 
 /* Mirrored by FwEvent in probes/framework.py (checked at every start against
@@ -74,15 +81,15 @@ enum fw_counter {
 struct fw_event {
     u64 ts_ns;            /* entry of the first call, CLOCK_MONOTONIC */
     u64 first_ret_ts_ns;  /* return of the first call */
-    u64 ret_ts_ns;        /* return of the last call */
-    u64 sock;             /* zmq: socket handle; ps: the ZMQVan (this) */
+    u64 ret_ts_ns;        /* return of the last call; brpc: when the record was complete */
+    u64 sock;             /* zmq: socket handle; ps: the ZMQVan (this); brpc: the correlation id */
     s64 ret;              /* last call's return: zmq frame bytes; ps message bytes; zmq_socket 0 or -1 */
     u32 tgid;
     u32 tid;
     s32 arg;              /* zmq_msg_send: flags of the last call; zmq_socket: socket type */
     u8 kind;              /* enum fw_kind */
     u8 more;              /* zmq: the message goes on in a later event */
-    u8 frames;            /* zmq: frames in this event (1..FW_MAX_FRAMES); ps: 1; zmq_socket: 0 */
+    u8 frames;            /* zmq: frames in this event (1..FW_MAX_FRAMES); ps: 1; zmq_socket, brpc: 0 */
     u8 _pad;
     u64 sizes[FW_MAX_FRAMES];    /* zmq: each frame's size read from its zmq_msg_t */
     u8 head_len[FW_MAX_FRAMES];  /* valid bytes of each head */
@@ -405,5 +412,97 @@ int ps_recv_return(struct pt_regs *ctx)
     if (ret >= 0)
         read_ps_meta(s);
     call_event(s, FW_PS_RECV, ret, s->call_sock, 1, now);
+    return 0;
+}
+
+/* --- brpc: one event per RPC end, entry probes only ------------------------------------
+ * Each of the four functions runs once per message of brpc's baidu_std protocol and has
+ * the wire's correlation id in reach (docs/paddle.md, "The framework boundary"), so an
+ * event is its kind, thread, time and that id; no slot, no copy of the message.
+ * The server's request end (ProcessRpcRequest) has no id in a register: its entry time
+ * waits in `brpc_request` for the SendRpcResponse that the service's done closure calls
+ * inside it, on the same thread and deeper on the same stack; both events go out then. */
+
+struct brpc_request {
+    u64 ts_ns;   /* ProcessRpcRequest's entry */
+    u64 sp;      /* its stack pointer: SendRpcResponse inside it runs below */
+};
+
+/* Far enough for any handler's frames between the two calls, near enough that a
+ * SendRpcResponse on another stack (an asynchronous done) is seldom taken for one. */
+#define FW_BRPC_NESTED_BYTES (1 << 20)
+
+BPF_TABLE("lru_hash", u32, struct brpc_request, brpc_request, FW_INFLIGHT_MAX);
+
+static __always_inline void brpc_event(u8 kind, u64 ts_ns, u64 done_ns, u64 correlation_id)
+{
+    /* the fixed part only: frames 0, no heads */
+    struct fw_event *e = events.ringbuf_reserve(offsetof(struct fw_event, heads));
+    if (!e) {
+        count(FW_LOST);
+        return;
+    }
+    u64 id = bpf_get_current_pid_tgid();
+    __builtin_memset(e, 0, offsetof(struct fw_event, heads));
+    e->ts_ns = e->first_ret_ts_ns = ts_ns;
+    e->ret_ts_ns = done_ns;
+    e->sock = correlation_id;
+    e->tgid = id >> 32;
+    e->tid = (u32)id;
+    e->kind = kind;
+    events.ringbuf_submit(e, 0);
+    count(FW_SEEN);
+}
+
+/* void PackRpcRequest(IOBuf *buf, SocketMessage **, uint64_t correlation_id,
+ *                     const MethodDescriptor *, Controller *, const IOBuf &, const Authenticator *) */
+int brpc_client_send(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    brpc_event(FW_BRPC_CLIENT_SEND, now, now, PT_REGS_PARM3(ctx));
+    return 0;
+}
+
+/* void Controller::OnVersionedRPCReturned(const CompletionInfo &info, bool, int):
+ * info = {bthread_id_t id (one u64: the correlation id of the response), bool responded}.
+ * Not responded (a timeout, a failed socket): no response came, nothing to record. */
+int brpc_client_recv(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    struct { u64 id; u8 responded; u8 _pad[7]; } info;
+    if (bpf_probe_read_user(&info, sizeof(info), (void *)PT_REGS_PARM2(ctx)) != 0 || !info.responded) {
+        count(FW_FAILED);
+        return 0;
+    }
+    brpc_event(FW_BRPC_CLIENT_RECV, now, now, info.id);
+    return 0;
+}
+
+/* void ProcessRpcRequest(InputMessageBase *msg) */
+int brpc_server_recv(struct pt_regs *ctx)
+{
+    struct brpc_request r = {.ts_ns = bpf_ktime_get_ns(), .sp = PT_REGS_SP(ctx)};
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    if (brpc_request.lookup(&tid))
+        count(FW_UNPAIRED);   /* the last one's response did not come on this thread */
+    brpc_request.update(&tid, &r);
+    return 0;
+}
+
+/* void SendRpcResponse(int64_t correlation_id, Controller *, ...) */
+int brpc_server_send(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u64 cid = PT_REGS_PARM1(ctx);
+    u64 sp = PT_REGS_SP(ctx);
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct brpc_request *r = brpc_request.lookup(&tid);
+    if (r && sp < r->sp && r->sp - sp < FW_BRPC_NESTED_BYTES) {
+        brpc_event(FW_BRPC_SERVER_RECV, r->ts_ns, now, cid);
+        brpc_request.delete(&tid);
+    } else {
+        count(FW_UNPAIRED);
+    }
+    brpc_event(FW_BRPC_SERVER_SEND, now, now, cid);
     return 0;
 }

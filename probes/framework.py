@@ -14,6 +14,11 @@ Uprobes (probes/framework.bpf.c) on
 - ps-lite inside libmxnet.so: ps::ZMQVan::SendMsg entry/return and
   ps::ZMQVan::RecvMsg entry/return. One event per message; the ids come from
   the leading fields of ps::Meta (PS_META_FORMAT).
+- brpc's baidu_std protocol inside Paddle's libpaddle.so: PackRpcRequest and
+  Controller::OnVersionedRPCReturned (client: request out, response back),
+  ProcessRpcRequest and SendRpcResponse (server: request in, response out), entry
+  only. One event per RPC end with the wire's correlation id (docs/paddle.md, "The
+  framework boundary"): a KeyedMessage names its wire message's ids itself.
 
 Its own bcc object for now (independent of the syscall probe); records are
 plain dataclasses so everything downstream runs without root.
@@ -33,6 +38,7 @@ from typing import Iterable, Sequence
 from agent.errors import UserError
 from parsers.pslite.meta import PBMeta, is_node_identity, node_id_of_identity
 from probes import libtrust
+from probes.elf_symbols import defined_functions
 from probes.zmq_layout import ZmqMsgLayout, calibrate
 
 NAME = "framework"
@@ -53,11 +59,16 @@ class Kind(enum.IntEnum):
     ZMQ_SOCKET = 3
     PS_SEND = 4
     PS_RECV = 5
+    BRPC_CLIENT_SEND = 6
+    BRPC_CLIENT_RECV = 7
+    BRPC_SERVER_RECV = 8
+    BRPC_SERVER_SEND = 9
 
 
 # enum fw_counter order. seen: events (zmq: messages or pieces of one); frames: zmq
-# frames added to messages; pieces: events sent before their message ended.
-COUNTERS = ("seen", "lost", "failed", "orphan", "inflight_full", "frames", "pieces")
+# frames added to messages; pieces: events sent before their message ended; unpaired
+# (brpc): a server request with no response on its thread, or a response with no request.
+COUNTERS = ("seen", "lost", "failed", "orphan", "inflight_full", "frames", "pieces", "unpaired")
 
 
 class FwEvent(ctypes.Structure):
@@ -87,9 +98,9 @@ _LEGACY_BYTES = _LEGACY.size + 64
 
 @dataclass(frozen=True)
 class AttachPoint:
-    symbol: str        # what the uprobe attaches to (mangled for C++)
-    entry_fn: str      # BPF function on entry
-    return_fn: str     # BPF function on return
+    symbol: str             # what the uprobe attaches to (mangled for C++)
+    entry_fn: str           # BPF function on entry
+    return_fn: str | None   # BPF function on return (None: entry only)
 
 
 # The declaration: which symbols of which library feed which BPF functions.
@@ -103,7 +114,20 @@ POINTS = {
         AttachPoint("_ZN2ps6ZMQVan7SendMsgERKNS_7MessageE", "ps_send_entry", "ps_send_return"),
         AttachPoint("_ZN2ps6ZMQVan7RecvMsgEPNS_7MessageE", "ps_recv_entry", "ps_recv_return"),
     ),
+    # brpc as paddlepaddle 3.0.0's libpaddle.so exports it (docs/paddle.md: nm -D)
+    "brpc": (
+        AttachPoint("_ZN4brpc6policy14PackRpcRequestEPN5butil5IOBufEPPNS_13SocketMessageEmPKN6google"
+                    "8protobuf16MethodDescriptorEPNS_10ControllerERKS2_PKNS_13AuthenticatorE",
+                    "brpc_client_send", None),
+        AttachPoint("_ZN4brpc10Controller22OnVersionedRPCReturnedERKNS0_14CompletionInfoEbi",
+                    "brpc_client_recv", None),
+        AttachPoint("_ZN4brpc6policy17ProcessRpcRequestEPNS_16InputMessageBaseE", "brpc_server_recv", None),
+        AttachPoint("_ZN4brpc6policy15SendRpcResponseElPNS_10ControllerEPKN6google8protobuf7MessageES7_"
+                    "PKNS_6ServerEPNS_12MethodStatusEl", "brpc_server_send", None),
+    ),
 }
+_BRPC_KINDS = {Kind.BRPC_CLIENT_SEND: ("send", True), Kind.BRPC_CLIENT_RECV: ("recv", False),
+               Kind.BRPC_SERVER_RECV: ("recv", True), Kind.BRPC_SERVER_SEND: ("send", False)}
 
 # ps::Meta as in the ps-lite MXNet 1.9 ships: int head, app_id, customer_id,
 # timestamp, sender, recver; bool request, push, simple_app (then the body
@@ -112,14 +136,15 @@ POINTS = {
 PS_META_FORMAT = "<6i3?"
 PS_META_EMPTY = 2**31 - 1    # ps::Meta::kEmpty (std::numeric_limits<int>::max())
 
-_LIB_PATTERNS = {"zmq": re.compile(r"^libzmq[-.].*\.so"), "ps": re.compile(r"^libmxnet\.so$")}
+_LIB_PATTERNS = {"zmq": re.compile(r"^libzmq[-.].*\.so"), "ps": re.compile(r"^libmxnet\.so$"),
+                 "brpc": re.compile(r"^libpaddle\.so$")}
 
 
 @dataclass(frozen=True)
 class Target:
     """A library to probe, in one process (pid) or in every process that maps it (pid None)."""
     library: Path
-    layer: str             # "zmq" or "ps"
+    layer: str             # "zmq", "ps" or "brpc"
     pid: int | None = None
     # the process it was found in, when it is probed in every process (pid None):
     # whose user may own it (probes/libtrust.py)
@@ -138,7 +163,7 @@ class Target:
 
 
 def targets_of_pid(pid: int) -> list[Target]:
-    """The framework libraries a running process has mapped (libzmq*, libmxnet.so)."""
+    """The framework libraries a running process has mapped (libzmq*, libmxnet.so, libpaddle.so)."""
     try:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except OSError as e:
@@ -224,11 +249,11 @@ class MetaIds:
 @dataclass(frozen=True)
 class FrameworkMessage:
     """One message at the framework boundary."""
-    layer: str                 # "zmq" (libzmq calls) or "ps" (ps::ZMQVan)
+    layer: str                 # "zmq" (libzmq calls), "ps" (ps::ZMQVan) or "brpc"
     direction: str             # "send" or "recv"
     tgid: int
     tid: int
-    sock: int                  # zmq socket handle, or the ps::ZMQVan
+    sock: int                  # zmq socket handle, the ps::ZMQVan, or brpc's correlation id
     ts_ns: int                 # the boundary: send = first call's entry, recv = last return
     call_ts_ns: int            # entry of the first call
     ret_ts_ns: int             # return of the last call
@@ -239,6 +264,14 @@ class FrameworkMessage:
     meta: MetaIds | None = None
     frame_sizes: tuple[int, ...] = ()
     frame_heads: tuple[bytes, ...] = ()  # first bytes of each frame (ps: of ps::Meta)
+
+
+@dataclass(frozen=True)
+class KeyedMessage(FrameworkMessage):
+    """A framework message that names its wire message's ids itself (brpc: the
+    correlation id): call_key is (call_space, call_id, request) as parsers/protocol.py
+    gives them for that message. meta is None."""
+    call_key: tuple = (None, None, None)
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int] | None:
@@ -354,6 +387,8 @@ class MessageAssembler:
             return None
         if call.kind in (Kind.PS_SEND, Kind.PS_RECV):
             return self._ps_message(call)
+        if call.kind in _BRPC_KINDS:
+            return self._brpc_message(call)
         direction = "send" if call.kind == Kind.ZMQ_SEND else "recv"
         key = (call.tgid, call.tid, call.sock, direction)
         pieces = self._open[key]
@@ -392,6 +427,17 @@ class MessageAssembler:
             call_ts_ns=call.ts_ns, ret_ts_ns=call.ret_ts_ns, first_ret_ts_ns=call.ret_ts_ns,
             total_bytes=call.ret, frames=None, meta=decode_ps_meta(head), frame_heads=(head,))
 
+    @staticmethod
+    def _brpc_message(call: FrameCall) -> KeyedMessage:
+        direction, request = _BRPC_KINDS[call.kind]
+        # the wire's correlation_id is an int64; the probe reads its 64 bits unsigned
+        cid = call.sock - (1 << 64) if call.sock >= 1 << 63 else call.sock
+        return KeyedMessage(
+            layer="brpc", direction=direction, tgid=call.tgid, tid=call.tid, sock=call.sock,
+            ts_ns=call.ts_ns, call_ts_ns=call.ts_ns, ret_ts_ns=call.ret_ts_ns,
+            first_ret_ts_ns=call.first_ret_ts_ns, total_bytes=0, frames=None,
+            call_key=(None, cid, request))
+
 
 def _with_sender(meta: MetaIds, sender: int | None) -> MetaIds:
     return replace(meta, sender=sender) if sender is not None else meta
@@ -416,8 +462,8 @@ class FrameworkProbe:
     def __init__(self, targets: Sequence[Target], *, ringbuf_pages: int = DEFAULT_RINGBUF_PAGES,
                  inflight_max: int = DEFAULT_INFLIGHT_MAX) -> None:
         if not targets:
-            raise UserError("no framework library to trace; give a pid that loads libzmq or "
-                            "libmxnet.so, or a library path")
+            raise UserError("no framework library to trace; give a pid that loads libzmq, "
+                            "libmxnet.so or libpaddle.so, or a library path")
         pages = _check_int("ring buffer pages", ringbuf_pages, 1, 1 << 16)
         if pages & (pages - 1):
             raise UserError(f"ring buffer pages must be a power of two, not {pages}")
@@ -433,6 +479,7 @@ class FrameworkProbe:
         for name, value in self._defines.items():
             _check_int(name, value, 0, 1 << 20)
         self._bpf = None
+        self._exports_checked: set[tuple[Path, str]] = set()
         self._out: list[FrameworkMessage] = []
         self.assembler = MessageAssembler()
         self.decoded = 0
@@ -472,16 +519,33 @@ class FrameworkProbe:
         return self
 
     def _attach(self, t: Target, p: AttachPoint) -> None:
+        self._check_exports(t)
         pid = t.pid if t.pid is not None else -1
         try:
             lib, sym = os.fsencode(t.library), p.symbol.encode()
             self._bpf.attach_uprobe(name=lib, sym=sym, fn_name=p.entry_fn.encode(), pid=pid)
-            self._bpf.attach_uretprobe(name=lib, sym=sym, fn_name=p.return_fn.encode(), pid=pid)
+            if p.return_fn is not None:
+                self._bpf.attach_uretprobe(name=lib, sym=sym, fn_name=p.return_fn.encode(), pid=pid)
         except Exception as e:
             where = f"process {t.pid}" if t.pid else "every process"
             raise UserError(f"cannot attach a uprobe to {p.symbol} in {t.library} ({where}): "
                             f"{e}; check that the library exports it and the process "
                             "still runs") from None
+
+    def _check_exports(self, t: Target) -> None:
+        """UserError naming what the library lacks, before any of its points is attached
+        (another build of the framework: nothing half-attached)."""
+        key = (t.library, t.layer)
+        if key in self._exports_checked:
+            return
+        wanted = [p.symbol for p in POINTS[t.layer]]
+        found = defined_functions(t.library, wanted)
+        missing = [s for s in wanted if s not in found]
+        if missing:
+            raise UserError(f"{t.library} does not export {', '.join(missing)}, where the "
+                            f"{t.layer} framework probe attaches; the probe knows the builds in "
+                            "docs/ (mxnet==1.9.1, paddlepaddle==3.0.0, pyzmq's libzmq)")
+        self._exports_checked.add(key)
 
     def _on_event(self, ctx, data, size) -> None:
         call = decode_event(ctypes.string_at(data, size))
