@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-# How long a connection may be idle before its state is dropped (agent.decode's
+# How long a connection may be idle before its state is dropped (agent.streams'
 # parsers, agent.live's open connections). A ps-lite connection idle this long that
 # speaks again comes back as a mid-stream join (its ISNs come with every call, so its
 # id is the same; the first message may be lost while the parser finds sync).
 CONN_IDLE_NS = 300 * 10**9
-# Connections kept at most by each per-connection map: ~4.5 KB each in agent.decode
+# Connections kept at most by each per-connection map: ~4.5 KB each in agent.streams
 # (two parsers and their calls), so ~37 MB when full. ps-lite connects every node to
 # every other: a host of a job of N nodes has about 2N connections (N = 4,000 fits).
 # Where closes are lost (a full ring) the maps fill up to this, so it is what RSS

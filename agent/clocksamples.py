@@ -9,7 +9,7 @@ last segment, which queued behind the rest of its own burst on the way.
 """
 from __future__ import annotations
 
-from agent.decode import _addr
+from agent.endpoints import addr_text
 from probes.events import NsEventKind
 
 NS_EV_CLOCK = int(NsEventKind.CLOCK)   # enum ns_event_kind (probes/events.h)
@@ -18,6 +18,6 @@ NS_EV_CLOCK = int(NsEventKind.CLOCK)   # enum ns_event_kind (probes/events.h)
 def clock_sample_row(ev, host_id: str) -> dict:
     """One NsClockEvent -> one row (times as the host's CLOCK_MONOTONIC ns)."""
     return {"host_id": host_id, "direction": "rx" if ev.rx else "tx",
-            "src_ip": _addr(ev.family, bytes(ev.saddr)), "src_port": ev.sport,
-            "dst_ip": _addr(ev.family, bytes(ev.daddr)), "dst_port": ev.dport,
+            "src_ip": addr_text(ev.family, bytes(ev.saddr)), "src_port": ev.sport,
+            "dst_ip": addr_text(ev.family, bytes(ev.daddr)), "dst_port": ev.dport,
             "seq": ev.seq, "ts_ns": ev.ts_ns}

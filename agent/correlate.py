@@ -70,7 +70,7 @@ from typing import Callable
 import numpy as np
 
 from agent.bounded import CONNS_MAX, put_newest, touch
-from agent.decode import WireMessage
+from agent.streams import WireMessage
 from agent.netrows import (HOLD_NS, NS_TXC_FORWARDED, R_DATA_READY_LATE, R_NOT_LOADED,  # noqa: F401 (re-exported)
                            R_NOT_TIMED, Connections, TxTimes, sock_wait_split, window_split)
 from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage
@@ -260,7 +260,15 @@ class Correlator:
         self._tick(fm.ret_ts_ns)
         meta = fm.meta
         if meta is None or getattr(meta, "truncated", False) and meta.timestamp is None:
-            self.counters["framework_without_ids"] += 1
+            ids = getattr(fm, "call_key", None) if meta is None else None
+            if ids is None:
+                self.counters["framework_without_ids"] += 1
+                return
+            # a record that names its wire message's ids itself (probes.framework.KeyedMessage)
+            key = (fm.tgid, fm.direction == "send", *ids)
+            f = PendingFw(fm, max(self.now_ns, fm.ret_ts_ns), key, (), None, ())
+            self._fws[key].append(f)
+            self._touch(key, f.added_ns)
             return
         tx = fm.direction == "send"
         key = (fm.tgid, tx, call_space_of(meta.app_id, meta.customer_id), meta.timestamp, meta.request)
@@ -331,6 +339,8 @@ class Correlator:
     def _compatible(self, f: PendingFw, p: Pending) -> bool:
         m, fm = p.wm.msg, f.fm
         meta = fm.meta
+        if meta is None:   # a keyed record: the ids agree by its key
+            return _in_causal_order(fm.ts_ns, p.wm)
         if m.control:
             if meta.control_cmd is not None and meta.control_cmd != m.detail().get("cmd"):
                 return False
@@ -432,6 +442,14 @@ class Correlator:
                 compat[id(f)] = fits
             if bound_pass:
                 for f in fs:
+                    if f.fm.meta is None:
+                        # a keyed record: one id that two clients both used, both in flight
+                        # at once; the thread that took the message from the framework or
+                        # gave it is, as a rule, the one that made its syscall (docs/paddle.md)
+                        narrowed = [p for p in compat[id(f)] if _call_tid(p.wm) == f.fm.tid]
+                        if narrowed:
+                            compat[id(f)] = narrowed
+                        continue
                     cid = self._bound.get((f.fm.layer, f.fm.tgid, f.fm.sock, f.fm.peer))
                     if cid is not None:
                         narrowed = [p for p in compat[id(f)] if p.wm.conn.conn_id == cid]
@@ -464,6 +482,10 @@ class Correlator:
     def _pair(self, f: PendingFw, p: Pending) -> None:
         fm = f.fm
         p.fw[fm.layer] = fm
+        if fm.meta is None:   # a keyed record: nothing to learn from it (its sock is no socket)
+            self.counters["framework_matched"] += 1
+            self._ready.append(p)
+            return
         self.counters["bound_evicted"] += put_newest(self._bound, (fm.layer, fm.tgid, fm.sock, fm.peer),
                                                      p.wm.conn.conn_id, LEARNT_MAX)
         if p.wm.tx and p.wm.msg.request and f.head_keys and not p.wm.msg.control:
@@ -563,16 +585,25 @@ class Correlator:
             self._ready = waiting + self._ready
             waiting = self._waiting = []
         now = self.now_ns
+        ids = self.ids
         for i, p in enumerate(self._ready):
             if i % DEADLINE_EVERY == DEADLINE_EVERY - 1 and time.monotonic() >= deadline:
                 del self._ready[:i]
                 return False
-            sender, recver = self._node_ids(p)
-            if ((sender is None or recver is None) and not final and now - p.added_ns < HOLD_NS
-                    and not p.wm.msg.control and p.wm.msg.pair_scope == PAIR_NODES) or not self._tx_ready(p, final):
-                waiting.append(p)   # ids may still be learnt (mid-stream join), times may come
+            wm = p.wm
+            m = wm.msg
+            if m.pair_scope == PAIR_NODES:   # _node_ids, inlined: this loop runs per message
+                sender, recver = ids.sender(wm, p.tgid), ids.recver(wm, p.tgid)
+                # ids may still be learnt (a mid-stream join)
+                wait = (sender is None or recver is None) and not final and now - p.added_ns < HOLD_NS \
+                    and not m.control
             else:
-                self.emit(p.wm.conn.netns_ino, self._row(p, sender, recver))
+                sender = recver = None
+                wait = False
+            if wait or not self._tx_ready(p, final):
+                waiting.append(p)   # ids or times may still come
+            else:
+                self.emit(wm.conn.netns_ino, self._row(p, sender, recver))
         self._ready = []
         # the oldest may have waited long enough
         i = 0
@@ -608,7 +639,7 @@ class Correlator:
         conn = wm.conn
         first, last = wm.first_call, wm.last_call
         reasons: dict[str, str] = {}
-        fw = p.fw.get("ps") or p.fw.get("zmq")
+        fw = p.fw.get("ps") or p.fw.get("zmq") or next(iter(p.fw.values()), None)
         if fw is not None:
             ts_fw = fw.ts_ns
         else:
@@ -692,6 +723,23 @@ class Correlator:
             if est is not None and est > ts_fw:
                 row["connect_wait_ns"] = est - ts_fw
         return row
+
+
+def _call_tid(wm: WireMessage) -> int | None:
+    """The thread of the syscall nearest the framework: a send's first, a receive's last."""
+    call = wm.first_call if wm.tx else wm.last_call
+    return call.tid if call is not None else None
+
+
+def _in_causal_order(fw_ts_ns: int, wm: WireMessage) -> bool:
+    """A framework send comes before its message's first send call; a framework
+    receive after the receive call that brought its last byte. What tells apart the
+    records of one id that two peers both used (brpc: each client counts its own)."""
+    if wm.tx:
+        call = wm.first_call
+        return call is None or fw_ts_ns <= call.enter_ts_ns
+    call = wm.last_call
+    return call is None or fw_ts_ns >= call.exit_ts_ns
 
 
 def _detail_json(d: dict) -> str | None:

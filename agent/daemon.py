@@ -27,8 +27,10 @@ from agent.clocksamples import NS_EV_CLOCK, clock_sample_row
 from agent.clockskew import ClockSkew
 from agent.correlate import Connections, Correlator
 from agent.detach import Detacher
-from agent.decode import (FrameworkDecoder, SockcallAssembler, StreamDecoder, _addr, sockcall_format,
-                          stream_row)
+from agent.calls import SockcallAssembler, sockcall_format
+from agent.endpoints import addr_text
+from agent.framework_records import FrameworkDecoder
+from agent.streams import StreamDecoder, stream_row
 from agent.errors import UserError, say
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
 from agent.live import UnrecognisedTally
@@ -131,7 +133,7 @@ class Pipeline:
                     self.correlator.on_netstack(ev)
                     if ev.kind == NS_EV_CONN and ev.newstate == TCP_CLOSE:
                         # the decoder drops the connection's state once its last calls came
-                        self.decoder.closed(ev.netns_ino, ev.sk, (_addr(ev.family, bytes(ev.daddr)), ev.dport),
+                        self.decoder.closed(ev.netns_ino, ev.sk, (addr_text(ev.family, bytes(ev.daddr)), ev.dport),
                                             ev.ts_ns)
             elif probe == NOTE_PROBE:
                 self._note(raw)

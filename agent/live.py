@@ -46,7 +46,7 @@ PENDING_MAX = 200_000        # unpaired request ends kept at most (a bound, not 
 PENDING_TTL_NS = 10 * 10**9  # a request unanswered this long is dropped from pairing
 # Connections counted as open (bounded: DESIGN.md "What the agent trusts"): at most
 # agent.bounded.CONNS_MAX per host (the least recently active evicted), dropped when their close row
-# comes or idle for CONN_IDLE_NS (agent.decode's expiry: the decoder forgot them too).
+# comes or idle for CONN_IDLE_NS (agent.streams' expiry: the decoder forgot them too).
 # A closed id is kept CLOSED_KEEP_NS so its message rows, which may come after the
 # close row (held up to agent.netrows.HOLD_NS), do not count it open again.
 CLOSED_KEEP_NS = 60 * 10**9

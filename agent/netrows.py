@@ -17,6 +17,7 @@ from collections import OrderedDict, deque
 from typing import Callable
 
 from agent.bounded import CONNS_MAX, put_newest
+from agent.endpoints import addr_text, conn_id_of
 
 MASK32 = 0xFFFFFFFF
 HOLD_NS = 2_000_000_000      # as agent.correlate: a row waits at most this long for its times
@@ -288,13 +289,12 @@ class Connections:
 
     @staticmethod
     def _tuple(r: dict, family: int, saddr: bytes, daddr: bytes, sport: int, dport: int) -> None:
-        from agent.decode import _addr
         # a local port of 0 never replaces a known one: at TCP_CLOSE the kernel has
         # released it (the event says 0; closed rows had local port 0 and a conn_id no
         # message row has)
         if (sport or dport) and (sport or "local_ip" not in r):
-            r.update(local_ip=_addr(family, bytes(saddr)), local_port=sport,
-                     remote_ip=_addr(family, bytes(daddr)), remote_port=dport)
+            r.update(local_ip=addr_text(family, bytes(saddr)), local_port=sport,
+                     remote_ip=addr_text(family, bytes(daddr)), remote_port=dport)
 
     def on_call(self, ev) -> None:
         if not ev.sk:
@@ -349,7 +349,6 @@ class Connections:
         return self._est_of.get((local, remote))
 
     def _flush(self, netns: int, sk: int) -> None:
-        from agent.decode import conn_id_of
         r = self._open.pop((netns, sk))
         states = r.pop("_states")
         r["states"] = ",".join(states)

@@ -1,8 +1,8 @@
 """Where the agent's raw events come from: the live probes, or a recording of them.
 
 Both sources hand the same thing to the same consumer: `sink(probe name, raw
-event bytes)`, in arrival order. Decoding happens downstream (agent.decode), so
-a recording replays through exactly the code a live run uses, without root.
+event bytes)`, in arrival order. Decoding happens downstream (agent.calls,
+agent.streams, agent.framework_records), so a recording replays through exactly the code a live run uses, without root.
 
 Live: one bcc program with the kernel probes (sockcalls, and netstack once it
 exists), plus the framework-boundary uprobes (probes.framework) on libzmq /
@@ -422,8 +422,8 @@ def _framework_tap_class():
 
 
 # What every library probes.framework.targets_of_pid can find has in its path (its
-# name starts libzmq- / libzmq. or is libmxnet.so)
-_FRAMEWORK_PATH_PARTS = (b"/libzmq", b"/libmxnet.so")
+# name starts libzmq- / libzmq. or is libmxnet.so or libpaddle.so)
+_FRAMEWORK_PATH_PARTS = (b"/libzmq", b"/libmxnet.so", b"/libpaddle.so")
 
 
 def _may_map_framework(tgid: int) -> bool:
@@ -628,7 +628,7 @@ class LiveSource:
         if layer is None:
             layer = next((ly for ly, pat in _LIB_PATTERNS.items() if pat.match(library.name)), None)
             if layer is None:
-                raise UserError(f"--lib {library}: not a libzmq or libmxnet.so; give the path "
+                raise UserError(f"--lib {library}: not a libzmq, libmxnet.so or libpaddle.so; give the path "
                                 "of the framework library the job loads")
             if not library.is_file():
                 raise UserError(f"--lib {library}: no such file")
@@ -652,15 +652,16 @@ class LiveSource:
             self.warn(f"framework boundary not traced in {library}: {why}")
 
     # -- running ------------------------------------------------------------
-    def sync_hint(self, sk: int, tx: bool, seq: int, frame_index: int) -> None:
-        """Tell the kernel's ZMTP walker where a frame starts (a direction joined mid-stream)."""
+    def sync_hint(self, sk: int, tx: bool, seq: int, frame_index: int, framing) -> None:
+        """Tell the kernel's walker where a frame starts, and in which framing
+        (probes.sockcalls.FRAMINGS), for a direction joined mid-stream."""
         from probes import sockcalls
         hint = getattr(sockcalls, "set_sync_hint", None)
         if hint is None or self.program is None:
             return
         d = sockcalls.Direction.TX if tx else sockcalls.Direction.RX
         try:
-            hint(self.program, sk, d, seq, frame_index)
+            hint(self.program, sk, d, seq, frame_index, framing)
         except Exception as e:  # a full hint map: the walk starts later, nothing is wrong
             self.hint_errors += 1
             if self.hint_errors == 1:

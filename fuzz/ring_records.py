@@ -4,8 +4,8 @@ Byte 0 picks the ring (low 2 bits): sockcalls in the "prefix" payload format, in
 walker's "items" format, framework, netstack. The rest is records, each after a
 2-byte little-endian length, fed in order to one decoder (so a call over several
 CONTINUED records, or a zmq message over several framework events, is joined):
-agent.decode.SockcallAssembler (call_of_sockcall, _walked_view) with its Calls fed on
-to a StreamDecoder (the ps-lite parser per direction), agent.decode.FrameworkDecoder,
+agent.calls.SockcallAssembler (call_of_sockcall, _walked_view) with its Calls fed on
+to a StreamDecoder (the ps-lite parser per direction), agent.framework_records.FrameworkDecoder,
 probes.events.NetstackEvent.decode.
 
 A record the decoder refuses raises ValueError (the agent counts it in meta.json's
@@ -16,7 +16,9 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from agent.decode import FrameworkDecoder, SockcallAssembler, StreamDecoder
+from agent.calls import SockcallAssembler
+from agent.framework_records import FrameworkDecoder
+from agent.streams import StreamDecoder
 from agent.safetext import safe_text
 from agent.sources import read_recording
 from probes.events import NetstackEvent
@@ -61,7 +63,7 @@ def _prefix_seeds() -> list[bytes]:
     messages cut into calls, each record the call's header and the bytes it moved."""
     import socket
 
-    from agent.decode import _HEAD
+    from agent.calls import _HEAD
     from parsers.pslite.encode import MessageSpec, encode_stream
     from probes.events import SOCKCALL_F_ISN_EXACT, SockCall
 

@@ -8,7 +8,10 @@ travel in its messages' `detail()`.
 The stream parser (one direction of one TCP connection):
 
     p = Parser(mid_stream=False, start_offset=0, key_sample_max=16)
-    p.feed(bytes) / p.gap(n) / p.unparsed(n) / p.close()   -> [messages]
+    p.feed(bytes) / p.gap(n) / p.unparsed(n) / p.skip(n) / p.close()   -> [messages]
+                       gap: n bytes lost; unparsed: n bytes seen elsewhere and judged
+                       to hold no message; skip: n bytes inside a message's body that
+                       the kernel's walker went past without copying (known, not lost)
     p.stats()          ParserStats: fed_bytes + gap_bytes == message_bytes +
                        handshake_bytes + unparsed_bytes + lost_bytes + pending_bytes
     p.recognised()     the stream spoke this protocol (a message or handshake parsed)

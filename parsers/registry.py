@@ -14,9 +14,6 @@ from .protocol import UNRECOGNISED
 # name -> parser class; detection asks them in this order
 PROTOCOLS = {p.PROTOCOL: p for p in (PsliteStreamParser, BrpcStreamParser)}
 NAMES = tuple(PROTOCOLS)
-# the protocols the kernel's walker has a framing for (probes/): only their streams
-# get sync hints from user space
-KERNEL_FRAMINGS = frozenset({"pslite"})
 
 
 def parser_class(name: str):

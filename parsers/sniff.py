@@ -5,7 +5,7 @@ From a stream's first byte: its first bytes decide (registry.detect); a stream n
 protocol starts like is opaque from there on (counted, never parsed). Joined
 mid-stream (or a gap before the first bytes decided): every registered parser
 hunts in it side by side until one recognises the stream; that one goes on alone.
-Once `chosen` is set the caller can feed that parser directly (agent/decode.py
+Once `chosen` is set the caller can feed that parser directly (agent/streams.py
 does), since it has seen every byte this one was given.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ class OpaqueStream:
             self.offset += n_bytes
         return []
 
-    unparsed = gap
+    unparsed = skip = gap
 
     def close(self) -> list:
         return []
@@ -112,6 +112,9 @@ class SniffingParser:
 
     def unparsed(self, n_bytes: int) -> list:
         return self._lose(n_bytes, "unparsed")
+
+    def skip(self, n_bytes: int) -> list:
+        return self._lose(n_bytes, "skip")
 
     def _lose(self, n_bytes: int, how: str) -> list:
         if self.chosen is not None:

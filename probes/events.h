@@ -69,7 +69,8 @@ enum sockcall_counter {
  * files (WALK_START's detail). */
 #define SOCKCALL_PROTO_NONE 0 /* not walked (a WALK_START written before protocols were said: ZMTP) */
 #define SOCKCALL_PROTO_ZMTP 1 /* ZMTP 3 (ps-lite): probes/zmtp_framing.bpf.h */
-#define SOCKCALL_PROTO_MAX  1
+#define SOCKCALL_PROTO_BRPC 2 /* brpc's baidu_std (PaddlePaddle's parameter server): probes/brpc_framing.bpf.h */
+#define SOCKCALL_PROTO_MAX  2
 
 /* flags */
 #define SOCKCALL_F_ISN_EXACT    0x01 /* ISNs taken when the connection became ESTABLISHED */
@@ -164,10 +165,12 @@ enum sockcall_item_kind {
 #define SOCKCALL_STOP_IOV         8 /* bytes beyond the iovecs the walker reads */
 #define SOCKCALL_STOP_FAULT       9 /* the user buffer could not be read */
 #define SOCKCALL_STOP_NO_WALKER  10 /* the walker program was not installed yet */
+#define SOCKCALL_STOP_BAD_MAGIC  11 /* a header without the framing's magic (brpc: "PRPC") */
 /* Reasons that mean the bytes are no header the framing accepts there: the
  * stream lost sync (counted desyncs; the walker hunts in the rest of the call). */
 #define SOCKCALL_STOP_DESYNC(r) \
-	((r) == SOCKCALL_STOP_BAD_FLAGS || (r) == SOCKCALL_STOP_BAD_SIZE || (r) == SOCKCALL_STOP_BAD_COMMAND)
+	((r) == SOCKCALL_STOP_BAD_FLAGS || (r) == SOCKCALL_STOP_BAD_SIZE || (r) == SOCKCALL_STOP_BAD_COMMAND || \
+	 (r) == SOCKCALL_STOP_BAD_MAGIC)
 
 struct sockcall_item {
 	__u8  kind;          /* enum sockcall_item_kind */

@@ -88,6 +88,7 @@ class WalkProtocol(enum.IntEnum):
 
     NONE = 0  # a WALK_START written before the walker said protocols (it was ZMTP)
     ZMTP = 1
+    BRPC = 2
 
 
 class WalkStart(enum.IntEnum):
@@ -112,6 +113,7 @@ class WalkStop(enum.IntEnum):
     IOV = 8
     FAULT = 9
     NO_WALKER = 10
+    BAD_MAGIC = 11
 
 
 class SockcallItem(ctypes.Structure):

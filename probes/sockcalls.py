@@ -125,10 +125,16 @@ def _slot(protocol: WalkProtocol, kind: int) -> int:
 # slot 0, shared by every protocol).
 WALKER_PROGRAMS = {
     "zmtp_walk": _slot(WalkProtocol.ZMTP, 0),
+    "brpc_walk": _slot(WalkProtocol.BRPC, 0),
     "zmtp_hunt": _slot(WalkProtocol.ZMTP, 1),
+    "brpc_hunt": _slot(WalkProtocol.BRPC, 1),
     "zmtp_hunt_end": _slot(WalkProtocol.ZMTP, 2),
+    "brpc_hunt_end": _slot(WalkProtocol.BRPC, 2),
     "walk_ends": 0,
 }
+# The protocols (parsers/registry.py names) the walker has a framing for: only
+# their streams get sync hints from user space.
+FRAMINGS = {"pslite": WalkProtocol.ZMTP, "brpc": WalkProtocol.BRPC}
 _PROG_ARRAY = b"sockcalls_progs"
 _HINT_MAP = b"sockcalls_sync_hint"
 
@@ -174,20 +180,24 @@ class _HintKey(ctypes.Structure):
 
 
 class _Hint(ctypes.Structure):
-    _fields_ = [("seq", ctypes.c_uint32), ("frame_idx", ctypes.c_uint32)]
+    _fields_ = [("seq", ctypes.c_uint32), ("frame_idx", ctypes.c_uint16), ("proto", ctypes.c_uint8),
+                ("_pad", ctypes.c_uint8)]
 
 
-def set_sync_hint(prog, sk: int, direction: Direction, seq: int, frame_index: int = 0) -> None:
+def set_sync_hint(prog, sk: int, direction: Direction, seq: int, frame_index: int = 0,
+                  framing: WalkProtocol = WalkProtocol.NONE) -> None:
     """Tell the walker that a frame header starts at TCP sequence `seq` of this
     socket's `direction`, frame `frame_index` of its message (0: a message
-    starts there). The first later call whose range holds `seq` starts walking
-    there; a hint the stream has already passed is dropped (counted
-    hints_stale). `sk` is SockcallEvent.sk."""
-    for name, v, hi in (("sk", sk, 2**64 - 1), ("seq", seq, 2**32 - 1), ("frame_index", frame_index, 2**32 - 1)):
+    starts there), in `framing` (NONE: the one the walker has). The first later
+    call whose range holds `seq` starts walking there; a hint the stream has
+    already passed is dropped (counted hints_stale), its framing kept for the
+    walker's own hunt. `sk` is SockcallEvent.sk."""
+    for name, v, hi in (("sk", sk, 2**64 - 1), ("seq", seq, 2**32 - 1), ("frame_index", frame_index, 2**16 - 1)):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
             raise UserError(f"sync hint {name}={v!r} is not an integer in 0..{hi}")
     direction = Direction(direction)
-    prog.bpf[_HINT_MAP][_HintKey(sk, direction)] = _Hint(seq, frame_index)
+    framing = WalkProtocol(framing)
+    prog.bpf[_HINT_MAP][_HintKey(sk, direction)] = _Hint(seq, frame_index, framing, 0)
 
 
 # ---------------------------------------------------------------------------

@@ -81,7 +81,9 @@ struct wk_walk;
  * compile-time constant in every caller, so each walk program holds one
  * framing's code. A framing with no preface says 0 bytes. */
 static __always_inline int
-fr_default_proto(void);                 /* the framing of a connection not yet classified */
+fr_default_proto(void);                 /* the hunter of a connection joined mid-stream, not classified yet */
+static __always_inline int
+fr_classify(const u8 *b, u32 n);        /* the framing of a stream whose first n (<= 4) bytes are b; NONE: no framing's */
 static __always_inline u32
 fr_preface_bytes(int proto);             /* bytes of the preface a connection starts with */
 static __always_inline int
@@ -196,7 +198,9 @@ struct wk_state {
 /* A sync hint from user space (probes/sockcalls.py set_sync_hint). */
 struct wk_hint {
 	u32 seq;        /* a frame header starts at this sequence number */
-	u32 frame_idx;  /* the index of that frame in its message */
+	u16 frame_idx;  /* the index of that frame in its message */
+	u8 proto;       /* SOCKCALL_PROTO_*: the framing user space found the stream in (NONE: keep the walker's) */
+	u8 _pad;
 };
 
 /* The walk of one call, shared by sc_exit and the tail-called programs. */
@@ -587,6 +591,7 @@ static __always_inline void wk_write_stop(struct wk_scratch *s, int raw)
 	case SOCKCALL_STOP_BAD_FLAGS: /* SOCKCALL_STOP_DESYNC */
 	case SOCKCALL_STOP_BAD_SIZE:
 	case SOCKCALL_STOP_BAD_COMMAND:
+	case SOCKCALL_STOP_BAD_MAGIC:
 		wk_count(SOCKCALL_COUNTER_DESYNCS, 1);
 		break;
 	case SOCKCALL_STOP_NOT_PROTOCOL:
@@ -694,16 +699,23 @@ static __always_inline void wk_body_begin(struct wk_walk *w, u64 size)
 	st->body = WK_BODY_SKIP;
 }
 
-/* ... its first `bound` bytes copied out (counted truncated when it is
- * longer); bound 0: none. */
-static __always_inline void wk_body_copy(struct wk_walk *w, u64 size, u64 bound)
+/* ... its first `bound` bytes copied out, the rest skipped (a prefix by
+ * design: not counted truncated); bound 0: none. */
+static __always_inline void wk_body_prefix(struct wk_walk *w, u64 size, u64 bound)
 {
 	struct wk_state *st = &w->st;
 	if (!bound)
 		return;
 	st->body = WK_BODY_COPY;
 	st->copy_left = size < bound ? size : bound;
-	if (size > bound)
+}
+
+/* ... copied out whole, up to `bound` bytes (counted truncated when it is
+ * longer); bound 0: none. */
+static __always_inline void wk_body_copy(struct wk_walk *w, u64 size, u64 bound)
+{
+	wk_body_prefix(w, size, bound);
+	if (bound && size > bound)
 		w->truncated++;
 }
 
@@ -943,6 +955,37 @@ static __always_inline void wk_start_at(struct wk_scratch *s, u64 at, u8 how)
 	wk_mark(s, SOCKCALL_ITEM_WALK_START, how, w->st.proto);
 }
 
+/* A connection's first call: the framing its first bytes are (fr_classify)
+ * and the phase its walk starts in; 1 when the walk starts here. 0: no
+ * framing starts so, and the direction is not walked (phase NOT_PROTO, its
+ * calls counted, nothing copied after this call's raw prefix: the signature
+ * user space reports the connection by) unless a sync hint says otherwise. */
+static __always_inline int wk_classify(struct wk_scratch *s)
+{
+	struct wk_walk *w = &s->w;
+	struct wk_state *st = &w->st;
+	u8 b[4] = {};
+	u64 n = w->niov ? w->iov[0].len : 0;
+	if (n > w->total)
+		n = w->total;
+	if (n > 4)
+		n = 4;
+	int proto = st->proto; /* an empty first iovec: its framing's preface will tell */
+	if (n && bpf_probe_read_user(b, n, (void *)w->iov[0].base) == 0)
+		proto = fr_classify(b, n);
+	if (proto == SOCKCALL_PROTO_NONE) {
+		st->phase = WK_NOT_PROTO;
+		wk_mark(s, SOCKCALL_ITEM_WALK_END, SOCKCALL_STOP_NOT_PROTOCOL, 0);
+		wk_count(SOCKCALL_COUNTER_NOT_PROTOCOL, 1);
+		return 0;
+	}
+	st->proto = proto;
+	u32 pre = fr_preface_bytes(proto);
+	st->phase = pre ? WK_PREFACE : WK_HEADER;
+	st->left = pre;
+	return 1;
+}
+
 /* Set up the walk of a call that moved `total` bytes starting at sequence
  * seq_start: the connection's state, continuity, sync hints. Writes the
  * items of the unsynced part. */
@@ -971,7 +1014,7 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
 	w->key._pad = 0;
 	wk_load_iovs(w, call, ptr, len, total);
 
-	int first = 0;
+	int first = 0, fresh = 0;
 	struct wk_state *known = sockcalls_walk.lookup(&w->key);
 	if (known) {
 		w->st = *known;
@@ -986,10 +1029,8 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
 		w->st.phase = WK_UNSYNCED;
 		w->st.proto = fr_default_proto();
 		if (isn_known && w->seq_start == isn_next) {
-			u32 pre = fr_preface_bytes(w->st.proto);
-			w->st.phase = pre ? WK_PREFACE : WK_HEADER;
-			w->st.left = pre;
-			first = 1;
+			fresh = 1;
+			first = wk_classify(s);
 		}
 	}
 	w->st.next_seq = w->seq_start + (u32)total;
@@ -1001,10 +1042,14 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
 	}
 	if (phase == WK_OPAQUE)
 		return WK_DONE;
-	/* Unsynced: a hint that this call reaches starts the walk there. */
+	/* Unsynced: a hint that this call reaches starts the walk there. Its
+	 * framing is taken even from a stale hint: the hunt then looks for that
+	 * protocol's messages. */
 	struct wk_hint *h = sockcalls_sync_hint.lookup(&w->key);
 	u64 at = total;
 	if (h) {
+		if (h->proto && h->proto <= SOCKCALL_PROTO_MAX)
+			w->st.proto = h->proto;
 		s32 d = (s32)(h->seq - w->seq_start);
 		if (d < 0) {
 			sockcalls_sync_hint.delete(&w->key);
@@ -1018,6 +1063,8 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
 	}
 	if (at >= total && phase == WK_UNSYNCED)
 		return WK_HUNT; /* not for NOT_PROTO: other protocols are not hunted in */
+	if (at >= total && phase == WK_NOT_PROTO && !fresh)
+		return WK_DONE; /* counted only: its first call's raw bytes said what it is */
 	wk_copy_raw(s, 0, at < SOCKCALLS_PREFIX_BYTES ? at : SOCKCALLS_PREFIX_BYTES, SOCKCALL_BYTES_PREFIX);
 	if (at >= total)
 		return WK_DONE;

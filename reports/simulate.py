@@ -28,7 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agent.decode import conn_id_of
+from agent.endpoints import conn_id_of
 from agent.records import MESSAGES_SCHEMA
 from agent.rundir import SHARD_SUFFIX, RunDirWriter
 from reports.components import BASE
@@ -265,7 +265,7 @@ def _rows(sim, rng, P, d, sub, wh, sh, ts, op, node, ip, router_port, pair, epoc
 
 
 def _conn_ids(src, sport, dst, dport, isn_dir, ip):
-    """agent.decode's conn_id (the same string on both ends), per distinct connection."""
+    """agent.endpoints' conn_id (the same string on both ends), per distinct connection."""
     key = pd.DataFrame({"a": src, "pa": sport, "b": dst, "pb": dport, "i": isn_dir})
     uniq = key.drop_duplicates()
     ids = [conn_id_of((ip[a], int(pa_)), (ip[b], int(pb)), int(i), int(i) ^ 0x5A5A5A5A, True)[0]

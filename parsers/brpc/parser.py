@@ -1,8 +1,9 @@
 """Incremental parser of one direction of one TCP connection speaking brpc's baidu_std.
 
 Feed it the bytes of the stream in order, in chunks cut anywhere (`feed`); say when
-bytes were lost (`gap`) or judged elsewhere to hold no message (`unparsed`); get back
-the messages whose last byte arrived. A message is the 12-byte header ("PRPC",
+bytes were lost (`gap`), judged elsewhere to hold no message (`unparsed`) or walked
+over inside a body without being copied (`skip`: the kernel's walker); get back the
+messages whose last byte arrived. A message is the 12-byte header ("PRPC",
 body_size, meta_size: u32 big-endian), the RpcMeta (meta_size bytes), the payload and
 the attachment (RpcMeta.attachment_size bytes at the end of the body). The parser
 buffers the header, the meta (up to `meta_max_bytes`) and the first
@@ -53,7 +54,8 @@ _HEADER_FORMAT = struct.Struct(">4sII")
 # parser states
 _HEADER, _META, _BODY, _HUNT = range(4)
 # work items (see _run)
-_DATA, _GAP, _DISCARD, _END = range(4)
+_DATA, _GAP, _DISCARD, _END, _SKIP = range(5)
+KEYS_SKIPPED = "keys not copied out by the kernel's walker"
 # what a hunting candidate is, besides "undecided until this stream offset"
 _REJECT, _ACCEPT = -1, -2
 # the magic's last 3 bytes may start a match once more bytes come
@@ -220,6 +222,7 @@ class BrpcStreamParser:
         self._layout: KeysLayout | None = None
         self._ps_response: tuple[int, str] | None = None
         self._keys_reason: str | None = None
+        self._keys_skipped = False  # skip() passed over keys the sample would hold
         self._sampler: KeySampler | None = None
         self._key_from = self._key_to = 0  # body offsets of the keys still to sample
         # hunting window: bytes from stream offset _hunt_base; candidates waiting for
@@ -253,6 +256,14 @@ class BrpcStreamParser:
         walks anyway loses nothing but the keys it held; elsewhere sync is lost."""
         self._gaps += max(0, n_bytes)
         return self._work((_GAP, n_bytes)) if n_bytes > 0 else []
+
+    def skip(self, n_bytes: int) -> list[BrpcMessage]:
+        """`n_bytes` inside a message's body were walked over elsewhere (the kernel's
+        walker) and not copied: known, not lost. What they held is not read: a payload
+        prefix stops there, keys in them are not sampled (the message says so).
+        Anywhere but inside a body they are a gap."""
+        self._gaps += max(0, n_bytes)
+        return self._work((_SKIP, n_bytes)) if n_bytes > 0 else []
 
     def unparsed(self, n_bytes: int) -> list[BrpcMessage]:
         """`n_bytes` of the stream were seen elsewhere and judged to hold no message:
@@ -393,6 +404,7 @@ class BrpcStreamParser:
         self._head = self._layout = self._ps_response = self._sampler = None
         self._key_from = self._key_to = 0
         self._keys_reason = None
+        self._keys_skipped = False
         self._prefix.clear()
         self._paddle_request = paddle = (meta.request and meta.service_name == PS_SERVICE
                                          and meta.method_name == PS_METHOD)
@@ -428,18 +440,27 @@ class BrpcStreamParser:
                 self._sampler.add(mv[pos + lo - b0:pos + hi - b0])
             self._body_pos = b0 + take
 
-    def _body_gap(self, n: int) -> None:
-        """`n` bytes of the body were lost: what they held is not read or sampled."""
+    def _body_gap(self, n: int, lost: bool) -> None:
+        """`n` bytes of the body were lost, or skipped (not `lost`): what they held is
+        not read or sampled. A sample that misses lost keys is kept, said incomplete; one
+        that misses skipped keys is dropped (the keys it would hold are the first ones
+        in the body: ps-lite and Paddle sort them)."""
         b0 = self._body_pos
         if b0 < self._prefix_end:
             self._prefix_end = b0   # the prefix stops here: read what came
-            self._decode_payload(cut=True)
+            self._decode_payload(cut=lost)
         lo, hi = max(b0, self._key_from), min(b0 + n, self._key_to)
-        if lo < hi:
-            self._sampler.skip(hi - lo)
+        if lo < hi and self._sampler is not None:
+            if lost:
+                self._sampler.skip(hi - lo)
+            else:
+                self._sampler = None
+                self._keys_skipped = True
+                self._key_from = self._key_to = 0   # keys that come after are not sampled either
         self._body_pos = b0 + n
         self._body_left -= n
-        self._msg_lost += n
+        if lost:
+            self._msg_lost += n
 
     def _decode_payload(self, cut: bool = False) -> None:
         """The payload prefix is complete, or `cut` short by a gap: read it, once."""
@@ -478,7 +499,8 @@ class BrpcStreamParser:
             cmd_name, op = cmd_of(cmd_id)
             if cmd_id is None:
                 op = None
-            reason = self._keys_reason or (layout.reason if layout is not None else None)
+            reason = (self._keys_reason or (layout.reason if layout is not None else None)
+                      or (KEYS_SKIPPED if self._keys_skipped else None))
             num_keys = layout.num_keys if layout is not None and self._keys_reason is None else None
         else:
             cmd_id = cmd_name = None
@@ -491,7 +513,7 @@ class BrpcStreamParser:
             self._meta_size, self._payload_end - self._meta_size, meta.attachment_bytes, op,
             cmd_id, cmd_name, head.table_id if head is not None else None, num_keys,
             sampler.result() if sampler is not None else (),
-            sampler.complete if sampler is not None else True, reason,
+            sampler.complete if sampler is not None else not self._keys_skipped, reason,
             layout.dense_values if layout is not None else None,
             ps_err[0] if ps_err is not None else None, ps_err[1] if ps_err is not None else None,
             self._msg_lost)
@@ -532,12 +554,12 @@ class BrpcStreamParser:
     def _on_break(self, kind: int, x) -> list | None:
         """A gap (x = bytes lost) or a discard (x = (unparsed, lost) bytes)."""
         st = self._state
-        if kind == _GAP and st == _BODY and self._body_left >= x:
+        if kind in (_GAP, _SKIP) and st == _BODY and self._body_left >= x:
             # inside a body the parser walks anyway: the message still ends where it said
-            self._body_gap(x)
+            self._body_gap(x, lost=kind == _GAP)
             self.offset += x
             if self._tentative:
-                self._replay.gap(x)
+                self._replay.gap(kind, x)
             if not self._body_left:
                 self._finish(self.offset)
             return None
@@ -550,7 +572,7 @@ class BrpcStreamParser:
             found = self._hunt_scan(final=True)
             if found:
                 return found + [(kind, x)]
-        self._break_off(*((0, x) if kind == _GAP else x))
+        self._break_off(*((0, x) if kind in (_GAP, _SKIP) else x))
         return None
 
     def _break_off(self, unparsed: int = 0, lost: int = 0) -> None:
@@ -725,11 +747,12 @@ class _Replay:
             self.kept_bytes += take
         self.over_fed += len(mv) - take
 
-    def gap(self, n: int) -> None:
+    def gap(self, kind: int, n: int) -> None:
+        """n bytes lost (_GAP) or skipped (_SKIP) inside the chain's bodies."""
         if self.over_fed or self.over_lost:
             self.over_lost += n
         else:
-            self.items.append((_GAP, n))
+            self.items.append((kind, n))
 
     def work(self) -> list:
         """Work items for _run: the chain's bytes from its second one on (the first

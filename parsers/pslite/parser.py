@@ -157,6 +157,11 @@ class PsliteStreamParser(ResyncMixin):
             self._run([(_GAP, n_bytes)])
         return out
 
+    # Bytes inside frame bodies that the kernel's walker went past without copying are
+    # a gap to this parser: it walks data frames anyway, and keys the walker did not
+    # sample leave the sample incomplete.
+    skip = gap
+
     def unparsed(self, n_bytes: int) -> list[PsMessage]:
         """`n_bytes` of the stream were examined elsewhere and hold no message (the
         kernel's walker searched them for a chain of frames and found none): not fed

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from agent.decode import sockcall_format
+from agent.calls import sockcall_format
 from probes import sockcalls as sockcalls_probe
 from agent.rundir import read_run_dir
 from parsers.pslite.legacy import ps_ids

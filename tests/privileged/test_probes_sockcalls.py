@@ -6,7 +6,8 @@ attached, one after, one over IPv6) with every call of the family, and log
 each call they make. The probe is filtered by --pid (server), --comm (client,
 whose I/O runs in a thread with another name) and --netns A. It must report
 exactly the logged TCP calls -- byte counts, payload prefixes (the bytes are
-not ZMTP, so the walker hands over each call's first bytes raw),  4-tuples,
+no protocol's, so the walker hands over the first bytes of each direction's
+first call raw, and only counts the calls after it), 4-tuples,
 consecutive sequence ranges, ISNs that agree across the two ends -- and
 nothing from: the same processes' non-TCP I/O, a process that is not
 selected (namespace A), and a selected pid whose sockets are in namespace B.
@@ -356,7 +357,7 @@ def test_sockcalls_sees_exactly_the_selected_tcp_calls(namespaces):
     for pid, log in ((pid_server, s_done["log"]), (pid_client, c_done["log"])):
         seen = [{"call": e.call_kind.name.lower(), "fd": e.fd, "ret": e.ret, "payload": raw_prefix(e).hex()}
                 for e in by_pid[pid]]
-        assert seen == log
+        assert seen == first_calls_copied(log)
         evs = by_pid[pid]
         for e in evs:
             assert e.enter_ts_ns <= e.exit_ts_ns
@@ -417,6 +418,18 @@ def test_sockcalls_sees_exactly_the_selected_tcp_calls(namespaces):
     # are no ZMTP greeting: the walker said so once, and never walked them.
     assert counters["not_zmtp"] == 3 * 2 * 2
     assert counters["walk_bytes"] == counters["frames"] == counters["messages"] == counters["desyncs"] == 0
+
+
+def first_calls_copied(log: list[dict]) -> list[dict]:
+    """The log as the probe reports it: every connection here starts with bytes no
+    framing knows, so only the first call of each direction carries its bytes."""
+    sends = {"send", "sendto", "sendmsg", "write", "writev"}
+    seen, out = set(), []
+    for e in log:
+        d = (e["fd"], e["call"] in sends)
+        out.append(e if d not in seen else {**e, "payload": ""})
+        seen.add(d)
+    return out
 
 
 def raw_prefix(ev) -> bytes:

@@ -13,7 +13,8 @@ import pytest
 from agent import correlate, netrows
 from agent.bounded import put_newest, touch
 from agent.daemon import Pipeline
-from agent.decode import CLOSE_SETTLE_NS, SockcallAssembler, StreamDecoder
+from agent.calls import SockcallAssembler
+from agent.streams import CLOSE_SETTLE_NS, StreamDecoder
 from agent.hosts import HostMap
 from agent.live import CLOSED_KEEP_NS, LiveAggregates
 from agent.rundir import read_run_dir

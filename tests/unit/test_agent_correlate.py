@@ -10,7 +10,8 @@ import pytest
 
 from agent import correlate
 from agent.correlate import Correlator
-from agent.decode import SockcallAssembler, StreamDecoder
+from agent.calls import SockcallAssembler
+from agent.streams import StreamDecoder
 from parsers.pslite.encode import MessageSpec, encode_stream, message_bytes
 from probes.framework import FrameworkMessage, MetaIds
 from test_agent_decode import ISN_C, ISN_S, SERVER, record

@@ -1,4 +1,4 @@
-"""agent.decode on hand-made sockcall records: both payload formats (the landed
+"""agent.calls and agent.streams on hand-made sockcall records: both payload formats (the landed
 256-byte prefix, and the ZMTP walker's items), gaps, mid-stream joins, sequence
 wrap-around, connection ids, and the framework-event decoder."""
 from __future__ import annotations
@@ -8,10 +8,12 @@ import struct
 
 import pytest
 
-from agent.decode import _HEAD, _RX_TIMES, SockcallAssembler, StreamDecoder, conn_id_of
+from agent.calls import _HEAD, _RX_TIMES, SockcallAssembler
+from agent.endpoints import conn_id_of
+from agent.streams import StreamDecoder
 from parsers.pslite.encode import MessageSpec, encode_stream
 from probes.events import (SOCKCALL_F_CONTINUED, SOCKCALL_F_ISN_EXACT, SockCall, SockcallItem,
-                           SockcallItemKind as K, SockcallWalkMark, WalkStart)
+                           SockcallItemKind as K, SockcallWalkMark, WalkProtocol, WalkStart)
 
 ISN_C, ISN_S = 1000, 2**32 - 300   # the server's ISN wraps around within the stream
 CLIENT, SERVER = ("10.0.0.1", 40000), ("10.0.0.2", 9000)
@@ -210,8 +212,8 @@ def test_a_sync_hint_names_the_next_frame_header_of_a_direction_the_kernel_does_
         r = record(True, ISN_C + 1 + first, len(chunk), items, ts=1_000_000_000 * (i + 1))
         dec.feed(asm.feed(r))
     assert hints, "no hint given"
-    sk, tx, seq, frame_index = hints[-1]
-    assert (sk, tx, frame_index) == (0xABC, True, 0)
+    sk, tx, seq, frame_index, framing = hints[-1]
+    assert (sk, tx, frame_index, framing) == (0xABC, True, 0, WalkProtocol.ZMTP)
     assert (seq - ISN_C - 1) in {f for f, _ in spans} or seq - ISN_C - 1 == len(data)
     assert start < seq - ISN_C - 1
 
@@ -221,7 +223,7 @@ def test_a_sync_hint_names_the_next_frame_header_of_a_direction_the_kernel_does_
 def _reference_call(assembler, history, raw: bytes):
     """A sockcall record decoded the slow, obvious way: probes.sockcalls' ctypes
     mirrors (CallAssembler, WalkedCall), as the agent did before its struct decoder."""
-    from agent import decode
+    from agent import calls as decode
     from probes.events import SockcallEvent
 
     wc = assembler.add(SockcallEvent.decode(raw))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.decode import FrameworkDecoder, SockcallAssembler
+from agent.calls import SockcallAssembler
+from agent.framework_records import FrameworkDecoder
 from probes.events import NetstackEvent, NsClockEvent, NsConnEvent, NsEventKind
 from probes.framework import Kind
 from test_agent_decode import ISN_C, record

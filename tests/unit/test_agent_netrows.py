@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 
-from agent import decode, netrows
+from agent import calls, netrows
 from agent.netrows import SchedHistory, sock_wait_split, tx_stages_of, window_split
 from probes.events import NsSched, NsWindow, SockcallItemKind
 
@@ -16,7 +16,7 @@ TID = 77
 def test_item_layouts_match_the_probe():
     assert netrows.NS_SCHED.size == ctypes.sizeof(NsSched)
     assert netrows.NS_WINDOW.size == ctypes.sizeof(NsWindow)
-    assert decode._ITEM_SCHED == SockcallItemKind.SCHED and decode._ITEM_WINDOW == SockcallItemKind.WINDOW
+    assert calls._ITEM_SCHED == SockcallItemKind.SCHED and calls._ITEM_WINDOW == SockcallItemKind.WINDOW
 
 
 def _sched(wake=0, sw_in=0, runq=0, nr=0, tracked=1, flags=netrows.NS_SCHED_F_TRACKED) -> bytes:

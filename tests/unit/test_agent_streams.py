@@ -5,7 +5,8 @@ calls (test_agent_decode's records), no root."""
 from __future__ import annotations
 
 from agent.daemon import Pipeline
-from agent.decode import SIGNATURE_BYTES, SockcallAssembler, StreamDecoder
+from agent.calls import SockcallAssembler
+from agent.streams import SIGNATURE_BYTES, StreamDecoder
 from agent.hosts import HostMap
 from agent.rundir import read_run_dir
 from test_agent_decode import CLIENT, ISN_C, ISN_S, calls_of, record, stream
@@ -39,7 +40,7 @@ def _decode(records) -> tuple[StreamDecoder, list]:
 
 
 def test_a_connection_no_parser_recognises_is_said_with_what_it_moved():
-    from agent.decode import stream_row
+    from agent.streams import stream_row
 
     dec, dropped = _decode(_exchange(5))
     assert dropped == []            # still open
@@ -58,7 +59,7 @@ def test_a_connection_no_parser_recognises_is_said_with_what_it_moved():
 
 
 def test_a_pslite_connection_is_recognised():
-    from agent.decode import stream_row
+    from agent.streams import stream_row
 
     data, _ = stream(3)
     dec, dropped = _decode(calls_of(data, 200, ISN_C))

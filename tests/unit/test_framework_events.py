@@ -8,7 +8,7 @@ import ctypes
 import struct
 from pathlib import Path
 
-from agent.decode import FrameworkDecoder
+from agent.framework_records import FrameworkDecoder
 from agent.sources import read_recording
 from parsers.pslite.meta import PBControl, PBMeta, PBNode
 from probes.framework import (_FIXED, _LEGACY, _LEGACY_BYTES, CAPTURE_BYTES, MAX_FRAMES,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from parsers.brpc import PAIRING_SCOPE, BrpcStreamParser
 from parsers.brpc import encode as enc
 from parsers.brpc.paddle import CMD_IDS, CMDS, PS_SERVICE, read_request_head
+from parsers.brpc.parser import KEYS_SKIPPED
 from parsers.brpc.rpcmeta import MAGIC, TEXT_MAX_CHARS, RpcMeta
 from parsers.pslite.keysample import sample_keys
 
@@ -148,6 +149,54 @@ def test_push_sparse_keys_past_the_payload_prefix_and_a_gap_among_them():
     assert (g.num_keys, g.key_sample_complete, g.lost_bytes) == (5000, False, 800)
     assert set(g.key_sample) <= set(keys) and len(g.key_sample) == 16
     assert p.stats().message_bytes == len(data) and identity_holds(p)
+
+
+def walker_view(data: bytes, spans, copy_after_meta: int = 64) -> list:
+    """The stream as the kernel's brpc framing hands it over: each header, its meta
+    and copy_after_meta payload bytes as bytes, the rest of each body as a skip."""
+    out = []
+    for first, last in spans:
+        body, meta = struct.unpack_from(">II", data, first + 4)
+        k = 12 + min(body, meta + copy_after_meta)
+        out.append(data[first:first + k])
+        if last + 1 - first > k:
+            out.append(last + 1 - first - k)
+    return out
+
+
+def test_skipped_body_bytes_are_known_not_lost_and_keys_in_them_unsampled():
+    few, many = [5, 9], list(range(1000, 1300))
+    specs = [enc.pull_sparse(3, few, correlation_id=1), enc.pull_sparse(3, many, correlation_id=2),
+             enc.push_sparse(4, many, correlation_id=3), enc.push_dense(0, 50, correlation_id=4),
+             enc.response(2, attachment=b"v" * 2400)]
+    data, spans = enc.encode_stream(specs)
+    p = BrpcStreamParser()
+    out = []
+    for x in walker_view(data, spans):
+        out += p.feed(x) if isinstance(x, bytes) else p.skip(x)
+        assert identity_holds(p)
+    out += p.close()
+    a, b, c, d, r = out
+    # ids, commands, tables and key counts from the copied prefix; nothing lost
+    assert [(m.correlation_id, m.table_id, m.num_keys, m.lost_bytes) for m in out] == [
+        (1, 3, 2, 0), (2, 3, 300, 0), (3, 4, 300, 0), (4, 0, 0, 0), (2, None, None, 0)]
+    assert (a.key_sample, a.key_sample_complete, a.keys_reason) == ((5, 9), True, None)
+    for m in (b, c):   # the keys were skipped: no sample of the first ones, and said why
+        assert (m.key_sample, m.key_sample_complete, m.keys_reason) == ((), False, KEYS_SKIPPED)
+    assert (d.dense_values, r.request, r.ps_err_code, r.attachment_bytes) == (50, False, 0, 2400)
+    s = p.stats()
+    assert (s.message_bytes, s.unparsed_bytes, s.lost_bytes) == (len(data), 0, 0)
+    # keys given after a skip among them are not sampled either
+    first, last = spans[1]
+    k = len(walker_view(data, [spans[1]])[0])
+    p = BrpcStreamParser(start_offset=first)
+    (m,) = p.feed(data[first:first + k]) + p.skip(100) + p.feed(data[first + k + 100:last + 1])
+    assert (m.num_keys, m.key_sample, m.keys_reason) == (300, (), KEYS_SKIPPED)
+    # outside a body a skip is a gap: the stream breaks there, the next header resyncs
+    p = BrpcStreamParser()
+    out = p.feed(data[:spans[1][0]]) + p.skip(10) + p.feed(data[spans[1][0] + 10:]) + p.close()
+    assert [m.correlation_id for m in out] == [1, 3, 4, 2]
+    assert identity_holds(p) and p.stats().lost_bytes == 10
 
 
 def test_request_head_walks_a_prefix_like_protobuf_reads_the_whole():

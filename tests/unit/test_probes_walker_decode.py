@@ -14,7 +14,7 @@ import pytest
 from agent.errors import UserError
 from probes import events
 from probes.events import (SockCall, SockcallEvent, SockcallItem, SockcallItemKind, SockcallKeys, SockcallMsgEnd,
-                           SockcallWalkMark, WalkStart, WalkStop, decode_items)
+                           SockcallWalkMark, WalkProtocol, WalkStart, WalkStop, decode_items)
 from probes.sockcalls import (CallAssembler, Direction, Gap, Skip, StreamOffsets, WalkedCall, feed_parser,
                               key_sample_level, key_sampled, set_sync_hint)
 
@@ -257,10 +257,11 @@ class FakeProg:
 
 def test_set_sync_hint_writes_the_map_and_validates():
     prog = FakeProg()
-    set_sync_hint(prog, 0xFFFF8881_00000000, Direction.RX, 2**32 - 1, 2)
+    set_sync_hint(prog, 0xFFFF8881_00000000, Direction.RX, 2**32 - 1, 2, WalkProtocol.BRPC)
     ((key, val),) = prog.maps[b"sockcalls_sync_hint"]
-    assert (key.sk, key.dir, val.seq, val.frame_idx) == (0xFFFF8881_00000000, 1, 2**32 - 1, 2)
-    for bad in (dict(seq=2**32), dict(seq=-1), dict(frame_index=1.5), dict(sk=True)):
+    assert (key.sk, key.dir, val.seq, val.frame_idx, val.proto) == (0xFFFF8881_00000000, 1, 2**32 - 1, 2, 2)
+    assert ctypes.sizeof(val) == 8   # struct wk_hint
+    for bad in (dict(seq=2**32), dict(seq=-1), dict(frame_index=1.5), dict(frame_index=2**16), dict(sk=True)):
         args = dict(sk=1, direction=Direction.TX, seq=5, frame_index=0) | bad
         with pytest.raises(UserError, match="sync hint"):
             set_sync_hint(prog, **args)
