@@ -1,5 +1,6 @@
 """brpc's framework records (framework.bpf.c's FW_BRPC_* events: one per RPC end, the
-correlation id in `sock`) decode to KeyedMessages naming their wire message's ids; and the export check
+correlation id in `sock`) decode to KeyedMessages naming their wire message's ids, through
+the probe's MessageAssembler and the agent's FrameworkDecoder alike; and the export check
 reads an ELF's dynamic symbols, refusing files that are not what they claim."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import UserError
+from agent.framework_records import FrameworkDecoder
 from probes.elf_symbols import defined_functions
 from probes.framework import (COUNTERS, POINTS, FrameworkProbe, FwEvent, KeyedMessage, Kind,
                               MessageAssembler, Target, decode_event, targets_of_pid)
@@ -32,7 +34,7 @@ def brpc_record(kind: Kind, cid: int, ts: int, done: int, tgid: int = 41, tid: i
     (Kind.BRPC_SERVER_RECV, "recv", True), (Kind.BRPC_SERVER_SEND, "send", False)])
 def test_each_end_names_its_wire_ids(kind, direction, is_request):
     raw = brpc_record(kind, 0x1_0000_0201, 1_000, 1_500)
-    for m in (MessageAssembler().feed(decode_event(raw)),):
+    for m in (MessageAssembler().feed(decode_event(raw)), FrameworkDecoder().feed(raw)):
         assert isinstance(m, KeyedMessage) and m.layer == "brpc" and m.meta is None
         assert (m.direction, m.tgid, m.tid) == (direction, 41, 42)
         assert m.call_key == (None, 0x1_0000_0201, is_request)
@@ -41,7 +43,7 @@ def test_each_end_names_its_wire_ids(kind, direction, is_request):
 
 def test_correlation_id_is_signed_like_the_wires():
     # RpcMeta.correlation_id is an int64; the probe reads the register's 64 bits
-    m = MessageAssembler().feed(decode_event(brpc_record(Kind.BRPC_SERVER_SEND, -5, 7, 7)))
+    m = FrameworkDecoder().feed(brpc_record(Kind.BRPC_SERVER_SEND, -5, 7, 7))
     assert m.call_key[1] == -5
 
 
