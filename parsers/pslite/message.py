@@ -128,18 +128,30 @@ def op_name_of(control: bool, cmd: int, op: str) -> str:
     return "simple_app" if op == "simple" else op
 
 
+# (kind, cmd, ps_op, app_id, customer_id) -> (control, op, op_name, call_space): a job
+# has a handful of each, and ps_message runs once per message on the agent's hot path;
+# cleared when full (a peer that varies its ids costs the work, not memory)
+_DERIVED: dict[tuple, tuple] = {}
+_DERIVED_MAX = 4096
+
+
 def ps_message(first: int, last: int, meta: "MetaInfo", ps_op: Op, sender_node_id, num_keys: int,
                key_sample: tuple, key_sample_complete: bool, value_bytes: int, data_frames: int,
                meta_bytes: int) -> PsMessage:
     """A PsMessage of a parsed meta, with the protocol-neutral fields filled in."""
-    control = meta.kind is Kind.CONTROL
-    op = "control" if control else "simple" if ps_op is Op.NONE else ps_op.value
-    op_name = op_name_of(control, meta.cmd, op)
+    key = (meta.kind, meta.cmd, ps_op, meta.app_id, meta.customer_id)
+    derived = _DERIVED.get(key)
+    if derived is None:
+        control = meta.kind is Kind.CONTROL
+        op = "control" if control else "simple" if ps_op is Op.NONE else ps_op.value
+        derived = (control, op, op_name_of(control, meta.cmd, op), call_space_of(meta.app_id, meta.customer_id))
+        if len(_DERIVED) >= _DERIVED_MAX:
+            _DERIVED.clear()
+        _DERIVED[key] = derived
     return PsMessage(first, last, meta.kind, meta.cmd, meta.request, ps_op, meta.pull is not None,
                      meta.simple_app, meta.head, meta.app_id, meta.customer_id, meta.timestamp, sender_node_id,
                      num_keys, key_sample, key_sample_complete, value_bytes, data_frames, meta_bytes,
-                     meta.data_types, meta.nodes, control, op, op_name,
-                     call_space_of(meta.app_id, meta.customer_id), meta.timestamp)
+                     meta.data_types, meta.nodes, *derived, meta.timestamp)
 
 
 # a half of call_space whose field the meta left out (ps-lite sets app_id on a control
