@@ -65,7 +65,7 @@ class Call:
 
 def sockcall_format() -> str:
     """How this tree's sockcalls probe fills payload[]: "prefix" (the first bytes
-    the call moved) or "items" (the in-kernel ZMTP walker's items, events.h
+    the call moved) or "items" (the in-kernel walker's items, events.h
     struct sockcall_item). Read from events.h, which is what the BPF side
     compiles (the walker's Python mirror may land after its C side)."""
     from probes.events import EVENTS_H

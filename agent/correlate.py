@@ -74,7 +74,7 @@ from agent.streams import WireMessage
 from agent.netrows import (HOLD_NS, NS_TXC_FORWARDED, R_DATA_READY_LATE, R_NOT_LOADED,  # noqa: F401 (re-exported)
                            R_NOT_TIMED, Connections, TxTimes, sock_wait_split, window_split)
 from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage
-from parsers.pslite.keysample import key_hash
+from parsers.keysample import key_hash
 from parsers.pslite.message import call_space_of
 from parsers.pslite.meta import node_id_of_identity
 from parsers.protocol import PAIR_NODES

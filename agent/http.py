@@ -101,7 +101,7 @@ def registry_for(live: LiveAggregates, http_dropped: Callable[[], dict[str, int]
                         comp.add_metric(labels + [c], buckets, sum_ns / 1e9)
             yield comp
             yield e2e
-            msg = CounterMetricFamily("pslat_messages", "ps-lite messages the agent recorded",
+            msg = CounterMetricFamily("pslat_messages", "protocol messages the agent recorded",
                                       labels=["host", "direction", "op"])
             for (h, d, op), n in sorted(messages.items(), key=lambda kv: tuple(map(str, kv[0]))):
                 msg.add_metric([str(h), str(d), str(op)], n)

@@ -5,7 +5,7 @@
     live.snapshot()                  # JSON-able; merge_snapshots() joins several agents' ones
 
 Live views show each host's own components (DESIGN.md): a host pairs the two
-message ends it sees itself, by ps-lite's request ids:
+message ends it sees itself, by their request ids (parsers/protocol.py):
 - as a client (it sent the request): its request's tx row and the response's
   rx row -> client_user_tx, client_kernel_tx, client_nic_tx,
   network_and_remote (everything between its NIC and its NIC again: wires and

@@ -36,7 +36,7 @@ from agent.safetext import safe_text
 from agent.snapshots import (FETCH_TIMEOUT_S, SnapshotError, fetch_body, parse_json, read_snapshot, read_snapshot_file,
                              skipped_text)
 from agent.units import fmt_bytes
-from parsers.pslite.keysample import key_text
+from parsers.protocol import key_text
 
 REFRESH_S = 1.0
 KEY_POLL_S = 0.1      # how long a key press may wait to be read: `q` quits within this
@@ -380,8 +380,8 @@ def top(
                                     rich_help_panel="Filters"),
     port: List[int] = typer.Option([], "--port", help="no agent: trace TCP connections on this port (repeat)",
                                    rich_help_panel="Filters"),
-    lib: List[Path] = typer.Option([], "--lib", help="no agent: libzmq/libmxnet.so to probe (repeat)",
-                                   rich_help_panel="Filters"),
+    lib: List[Path] = typer.Option([], "--lib", help="no agent: libzmq/libmxnet.so/libpaddle.so to probe "
+                                   "(repeat)", rich_help_panel="Filters"),
     netstack: bool = typer.Option(True, "--netstack/--no-netstack", help="no agent: also probe the kernel "
                                   "network stack (NIC components; --no-netstack starts faster)",
                                   rich_help_panel="Filters"),

@@ -67,6 +67,12 @@ UNRECOGNISED = "unrecognised"   # bytes moved and no registered parser understoo
 NO_BYTES = "none"               # no byte moved (or none was captured)
 
 
+def key_text(key: int) -> str:
+    """A key id as every view shows it (report tables, `pslat top`): hexadecimal, as
+    parameter servers' keys are often ranges of a 64-bit space split among servers."""
+    return f"{int(key):#x}"
+
+
 @dataclass(slots=True)
 class ParserStats:
     """Byte and message counters of one stream (all since the parser was made).

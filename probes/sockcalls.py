@@ -213,8 +213,8 @@ def key_sample_level(scanned_keys: int, sample_max: int = 16) -> int:
 
 def key_sampled(key: int, level: int) -> bool:
     """Whether the walker samples `key` at `level`: its splitmix64 hash has
-    `level` leading zero bits (parsers.pslite.keysample.key_hash)."""
-    from parsers.pslite.keysample import key_hash
+    `level` leading zero bits (parsers.keysample.key_hash)."""
+    from parsers.keysample import key_hash
     import numpy as np
 
     h = int(key_hash(np.array([key], dtype=np.uint64))[0])

@@ -285,7 +285,7 @@ static __always_inline struct wk_scratch *wk_scratch(void)
 	return sockcalls_scratch.lookup(&zero);
 }
 
-/* splitmix64's finalizer: the key hash of parsers/pslite/keysample.py. */
+/* splitmix64's finalizer: the key hash of parsers/keysample.py. */
 static __always_inline u64 wk_key_hash(u64 x)
 {
 	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;

@@ -6,7 +6,7 @@ key skew, connection management and the agents' health, so this adds to those
 run dirs, as the agent would write them:
 - key samples: each request draws `keys_per_request` keys from a Zipf law (the
   same keys on both ends of a message), keeps the bottom-k by the agent's hash
-  (parsers.pslite.keysample, k = 16) and the true count of every key;
+  (parsers.keysample, k = 16) and the true count of every key;
 - a `connections` row per connection end (connect on the sender, accept on the
   receiver) with handshake and accept-wait times and a close;
 - per-probe counters in meta.json (events seen; `lost` on chosen hosts).
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from agent.records import CONNECTIONS_SCHEMA, MESSAGES_SCHEMA
 from agent.rundir import META_FILE, SHARD_SUFFIX
-from parsers.pslite.keysample import key_hash
+from parsers.keysample import key_hash
 
 SAMPLE_K = 16                      # the agent's key_sample_max
 _SCATTER = np.uint64(0x9E3779B97F4A7C15)   # odd: rank -> key is a bijection of uint64

@@ -2,7 +2,7 @@
 
 What the agent keeps: for each request message, the keys of its keys frame with
 the k smallest hashes (a bottom-k sample, k = 16; all keys when the message has
-k or fewer; parsers/pslite/keysample.py). A key is in a message's sample iff
+k or fewer; parsers/keysample.py). A key is in a message's sample iff
 its hash is at most that message's threshold tau (the k-th smallest hash of the
 message's keys; unbounded when every key was kept). Hashes do not depend on how
 often a key is used, so:
@@ -40,7 +40,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parsers.pslite.keysample import key_hash, key_text
+from parsers.protocol import key_text
+from parsers.keysample import key_hash
 from reports.load import release_memory, system_allocator
 
 COVER_MIN = 0.5

@@ -9,7 +9,7 @@ the attachment (RpcMeta.attachment_size bytes at the end of the body). The parse
 buffers the header, the meta (up to `meta_max_bytes`) and the first
 `payload_prefix_max_bytes` of a payload it reads (Paddle's requests and any response);
 the rest of a body is walked, never buffered, and the keys of a Paddle table request
-stream through a hash-chosen sampler (parsers.pslite.keysample) as they pass.
+stream through a hash-chosen sampler (parsers.keysample) as they pass.
 
 Sync. A stream fed from its first byte is in sync there. One joined mid-stream, or one
 that lost bytes where a header or meta was, or that met a header or meta that makes no
@@ -39,7 +39,7 @@ import struct
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
-from parsers.pslite.keysample import KeySampler
+from parsers.keysample import KeySampler
 
 from .paddle import (KEY_BYTES, PS_METHOD, PS_SERVICE, RPC, KeysLayout, RequestHead, cmd_of,
                      keys_layout, read_request_head, read_response_head)

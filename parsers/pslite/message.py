@@ -81,7 +81,7 @@ class PsMessage:
     timestamp: int | None  # ps-lite's request number (per customer), not a time; None if unset
     sender_node_id: int | None  # from the READY identity "ps<id>"; None if not seen
     num_keys: int
-    key_sample: tuple[int, ...]  # up to N keys chosen by hash (keysample.py), sorted
+    key_sample: tuple[int, ...]  # up to N keys chosen by hash (parsers/keysample.py), sorted
     key_sample_complete: bool  # False when a gap hid part of the keys frame
     value_bytes: int  # size of the vals frame
     data_frames: int  # frames after the meta frame

@@ -32,7 +32,7 @@ import numpy as np
 
 from parsers.protocol import ParserStats
 
-from .keysample import KEY_BYTES, KeySampler, bottom_k
+from parsers.keysample import KEY_BYTES, KeySampler, bottom_k
 from .message import KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes, infer_op, ps_message, read_meta
 from .meta import is_node_identity, node_id_of_identity
 from .resync import ResyncMixin

@@ -17,7 +17,7 @@ import struct
 from heapq import heappop, heappush
 
 from .hunt import LONG_SCAN_BYTES, SHORT_TAIL_BYTES, TAIL_BYTES, candidates, short_candidates
-from .keysample import KeySampler
+from parsers.keysample import KeySampler
 from .message import read_meta
 from .states import _DATA, _DISCARD, _GAP, _GREETING, _HEADER, _HUNT, _KEYS, _KEYS_SMALL, _SKIP
 from .zmtp import FLAG_LONG, FLAG_MORE, GREETING_BYTES, parse_greeting

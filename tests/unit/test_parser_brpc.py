@@ -15,7 +15,7 @@ from parsers.brpc import encode as enc
 from parsers.brpc.paddle import CMD_IDS, CMDS, PS_SERVICE, read_request_head
 from parsers.brpc.parser import KEYS_SKIPPED
 from parsers.brpc.rpcmeta import MAGIC, TEXT_MAX_CHARS, RpcMeta
-from parsers.pslite.keysample import sample_keys
+from parsers.keysample import sample_keys
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,14 +1,17 @@
-"""A bounded sample of the keys of one ps-lite keys frame, chosen by a hash of the key.
+"""A bounded sample of the keys of one message, chosen by a hash of the key: the rule
+every protocol's parser (and the kernel's walker) samples keys by.
 
-ps-lite keys are sorted, so "the first n keys" would always name the same corner of
-an embedding table; DESIGN.md asks for a hash-chosen sample instead. We keep the
+Parameter servers send keys sorted (ps-lite, Paddle), so "the first n keys" would
+always name the same corner of an embedding table; DESIGN.md asks for a hash-chosen
+sample instead. We keep the
 `max_keys` keys with the smallest hash (a bottom-k sample): it is a pure function
 of the set of keys, so the sender's and the receiver's agents, and any chunking of
 the bytes, give the same sample, and a key that is sampled in one message is
 sampled in every message that carries it (useful to follow hot keys).
 
 The hash is the splitmix64 finalizer (xor-shift/multiply mixing of a 64-bit word),
-cheap enough to run in BPF as well. Keys are little-endian uint64 (ps::Key on x86).
+cheap enough to run in BPF as well. Keys are little-endian uint64 (ps::Key on x86,
+Paddle's feature ids).
 The frame is streamed: only the current sample and up to 7 bytes of a key split
 across chunks are kept, never the frame.
 """
@@ -22,10 +25,6 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 KEY_BYTES = 8
 
 
-def key_text(key: int) -> str:
-    """A key id as every view shows it (report tables, `pslat top`): hexadecimal, as
-    ps-lite's keys are often ranges of a 64-bit space split among servers."""
-    return f"{int(key):#x}"
 
 
 def key_hash(keys: np.ndarray) -> np.ndarray:

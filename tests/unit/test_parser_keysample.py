@@ -1,11 +1,11 @@
-"""The hash-chosen key sample (parsers/pslite/keysample.py)."""
+"""The hash-chosen key sample (parsers/keysample.py)."""
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsers.pslite.keysample import KeySampler, bottom_k, key_hash, sample_keys
+from parsers.keysample import KeySampler, bottom_k, key_hash, sample_keys
 
 M64 = (1 << 64) - 1
 
