@@ -6,7 +6,7 @@ agent.streams, agent.framework_records), so a recording replays through exactly 
 
 Live: one bcc program with the kernel probes (sockcalls, and netstack once it
 exists), plus the framework-boundary uprobes (probes.framework) on libzmq /
-libmxnet.so. Framework libraries are found in /proc/PID/maps of the selected
+libmxnet.so / libpaddle.so. Framework libraries are found in /proc/PID/maps of the selected
 processes, at start and by a rescan every second, so a process that starts
 later is picked up. When processes are selected by --comm/--netns (a set that
 can grow), a library is probed in every process that maps it (one uprobe per
