@@ -12,7 +12,7 @@
  * (possibly split across calls), a body (bytes left), the frame's index in
  * its message and the framing's notes. It copies out only what the framing
  * asks for (headers, bounded bodies, a hash-chosen sample of uint64 keys:
- * never the first n, ps-lite keys are sorted) and says where every message
+ * never the first n: parameter servers send keys sorted) and says where every message
  * ended (its TCP sequence). Everything else in a walked range is inside a
  * body that user space skips. The items it writes are described in events.h.
  *
@@ -1076,7 +1076,7 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
  * An unsynced call may show where frames are by itself: in a busy stream of
  * small messages, by the time user space has found sync the stream has moved
  * on and its hint is stale. Candidates: bytes where the framing says a
- * message could start (fr_candidate: ZMTP, a meta frame's short header),
+ * message could start (fr_candidate),
  * searched for window by window (WK_HUNT_WINDOW bytes a pass, at most
  * WK_HUNT_PASSES passes a call) from the call's start, or from where the
  * walk met garbage; the bytes searched before the sync point are reported

@@ -289,8 +289,8 @@ def health_findings(m: dict) -> list[str]:
     unparsed = [f"{h['host']} {h['unparsed_bytes']:,} unparsed, {h.get('lost_bytes', 0):,} unread"
                 for h in m["health"] if h.get("unparsed_bytes") or h.get("lost_bytes")]
     if unparsed:
-        out.append("Bytes on traced connections that were not ps-lite messages: " + ", ".join(unparsed)
-                   + " (unparsed: seen and not understood, e.g. not ps-lite or damaged; unread: never "
+        out.append("Bytes on traced connections that were no protocol's messages: " + ", ".join(unparsed)
+                   + " (unparsed: seen and not understood, e.g. another protocol or damaged; unread: never "
                    "copied up, as after lost events or where the in-kernel walker lost the frames).")
     if m.get("sampling_rate"):
         out.append(f"sampled: {100 * m['sampling_rate']:.3g}% of host pairs; counts scaled in the summary "

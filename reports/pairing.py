@@ -4,16 +4,16 @@
    on the receiving host carry the same connection seen from both sides
    (local/remote swapped), the same TCP sequence range and the same ISNs (in
    conn_id). They are joined on (sender ip, port, receiver ip, port, seq_first,
-   seq_end); a join whose conn_ids (both with known ISNs) or ps-lite ids
+   seq_end); a join whose conn_ids (both with known ISNs) or message ids
    disagree is refused, and a key that occurs twice on one side is left
    unpaired rather than guessed. Result: one row per message, `tx_*` and `rx_*`
    columns (null for an end not seen).
 2. A request and its response: the ids its protocol's parser gives them
    (call_space, call_id: parsers/protocol.py) within the scope of its pairing:
-   for pair_scope "nodes" (ps-lite) between the same worker and server node ids
+   for pair_scope "nodes" between the same worker and server node ids
    (request: sender -> recver, response: recver <- sender), on any connection
-   (each node's DEALER sends into the other's ROUTER); for "connection" (brpc)
-   on the same TCP connection. If a key occurs several times (a restarted worker
+   (a protocol whose nodes answer on connections of their own); for
+   "connection" on the same TCP connection. If a key occurs several times (a restarted worker
    counting from 0 again), the n-th request pairs with the n-th response in time
    order.
 
