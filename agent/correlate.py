@@ -3,45 +3,50 @@
 Per message (never per packet) this gives the stage timestamps of its host
 (DESIGN.md "The components of one request") and who sent it to whom.
 
-Framework boundary. A framework record (probes.framework.FrameworkMessage) is
-matched to a wire message exactly, by ids, never by order: same process, same
-direction, same (call_space, call_id, request), push flag and
-control command agreeing, the same bytes on the wire (the record's frame sizes
-give the ZMTP bytes exactly), the routing peer agreeing with the wire's sender
-when both are known, and the keys frame's first keys consistent with the
-wire's key sample. A request sliced over several servers gives one group of
-records and one group of wire messages with the same ids; within a group a
-pair is taken only when it is the only possibility for both sides (after the
-group stopped growing), then the zmq socket that sent it (with the routing peer,
-for a ROUTER) is bound to that TCP connection, which settles the ambiguous
-groups of the same socket later.
+Framework boundary. A framework record (probes.framework) is matched to a wire
+message exactly, by ids, never by order: same process, same direction, same
+(call_space, call_id, request). A record of a layer registered in
+parsers.registry.FRAMEWORK_LAYERS brings its protocol's facts, which must agree
+with the wire message (`fits`: for ps-lite the command, push flag, ZMTP bytes and
+first keys, parsers/pslite/framework.py) and may name the peer's node id, which
+must agree with the wire's sender or receiver when both are known; a record that
+names its ids itself (probes.framework.KeyedMessage, brpc's) must come in causal
+order with the message's calls. A request sliced over several servers gives one
+group of records and one group of wire messages with the same ids; within a group
+a pair is taken only when it is the only possibility for both sides (after the
+group stopped growing), then the record's socket (with its routing peer) is bound
+to that TCP connection, which settles the ambiguous groups of the same socket
+later; a keyed record shared by two clients' messages is narrowed to the one whose
+syscall ran on its thread.
 
 Slices of one request differ in their keys, yet a wire message carries only a
 sample of its keys (the walker's, by hash: often none of the record's first
-keys, sometimes no key at all) and the slices of psbench's large requests have
-the same bytes. Where a group is still ambiguous, two facts of ps-lite's
-slicing narrow it (requests only, where ps-lite fixes the keys' order):
+keys, sometimes no key at all) and slices of large requests may have the same
+bytes. Where a group is still ambiguous, two facts of slicing by key range narrow
+it (requests only, where the sender fixes the keys' order; ps-lite's, as
+Postoffice::GetServerKeyRanges does):
 - a request's keys are sorted and unique, so the record's first keys are its
   smallest: a wire key below them, or between them and not one of them,
   belongs to another slice;
-- each server owns one key range (Postoffice::GetServerKeyRanges): a sending
-  process's wire keys per server endpoint give that range's hull, and a record
-  whose first keys fall on the far side of another server's disjoint hull is
-  not bound for this one. Overlapping hulls (a custom slicer) say nothing.
-This matters after a reconnect: fresh zmq sockets are bound to nothing, and
-both slices of the next request used to stay unmatched (psbench, 1024 keys, a
+- each server owns one key range: a sending process's wire keys per server
+  endpoint give that range's hull, and a record whose first keys fall on the far
+  side of another server's disjoint hull is not bound for this one. Overlapping
+  hulls (a custom slicer) say nothing.
+This matters after a reconnect: fresh sockets are bound to nothing, and both
+slices of the next request used to stay unmatched (psbench, 1024 keys, a
 reconnect every 10: 2-4 of 3,840 slices in each of 7 recorded runs). Then, if
 the settled group has as many records as wire messages and exactly one way to
 pair them all, that is taken.
 Unsettled after HOLD_NS: the row goes out without a framework time, and says why.
 
-Who. The sender of a ps-lite message is the DEALER's identity "ps<id>" (its
-READY on that connection); the receiver is the node owning the ROUTER side:
-the identity the same process uses on its own DEALERs, or the scheduler's
-ADD_NODE table (host:port -> id). An agent that joined mid-stream saw no
-READY; it learns the sender from the framework record's routing id on the
-ROUTER side, and (one agent, several hosts, as in the virtual cluster) shares
-what one end learnt with the other end of the same connection.
+Who (protocols whose messages pair between nodes, pair_scope "nodes"). A message's
+sender is the node its connection's peer announced (sender_node_id: for ps-lite the
+DEALER's identity "ps<id>" in its READY); the receiver is the node owning the other
+side: the id the same process announces on its own connections, or the node table
+a control message lists (`nodes`: host:port -> id). An agent that joined mid-stream
+saw no announcement; it learns the sender from the framework record's peer, and
+(one agent, several hosts, as in the virtual cluster) shares what one end learnt
+with the other end of the same connection.
 
 Sub-components. A row's runq/busy (receives) and cwnd/rwnd (sends) waits come from
 the netstack state the walker recorded at the exit of the message's last call, with
@@ -61,23 +66,18 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import struct
 import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
-
-import numpy as np
 
 from agent.bounded import CONNS_MAX, put_newest, touch
 from agent.streams import WireMessage
 from agent.netrows import (HOLD_NS, NS_TXC_FORWARDED, R_DATA_READY_LATE, R_NOT_LOADED,  # noqa: F401 (re-exported)
                            R_NOT_TIMED, Connections, TxTimes, sock_wait_split, window_split)
 from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage
-from parsers.keysample import key_hash
-from parsers.pslite.message import call_space_of
-from parsers.pslite.meta import node_id_of_identity
 from parsers.protocol import PAIR_NODES
+from parsers.registry import FRAMEWORK_LAYERS
 
 MAX_ELIMINATION = 6          # groups up to this size are searched for their only complete pairing
 SETTLE_NS = 50_000_000       # a group of same-id messages is complete this long after its last member
@@ -99,11 +99,6 @@ R_NO_LAST_CALL = "the call that moved the last byte was not seen"
 R_NO_NETSTACK = R_NOT_LOADED
 
 
-def _zmtp_bytes(frame_sizes) -> int:
-    """Bytes on the wire of ZMTP frames of these sizes (short header <= 255 bytes)."""
-    return sum(s + (2 if s <= 255 else 9) for s in frame_sizes)
-
-
 @dataclass(eq=False)
 class Pending:
     """A wire message waiting for its framework record and ids."""
@@ -115,22 +110,29 @@ class Pending:
     fw_reason: str | None = None
 
 
+_NO_KEYS: frozenset = frozenset()
+
+
 @dataclass(eq=False)
 class PendingFw:
-    fm: object            # probes.framework.FrameworkMessage
+    fm: object            # probes.framework.FrameworkMessage (or KeyedMessage)
     added_ns: int
     key: tuple
-    body_sizes: tuple
-    peer_id: int | None
-    head_keys: tuple
-    # worked out once, not per candidate wire message:
-    zmtp_bytes: int | None = field(init=False)   # the body's bytes on the wire (zmq layer)
-    head_key_set: frozenset = field(init=False)
+    # its protocol's facts (parsers.registry.FRAMEWORK_LAYERS: peer_id, head_keys,
+    # head_key_set, fits()); None for a record that names its wire message's ids itself
+    facts: object | None
 
-    def __post_init__(self):
-        self.zmtp_bytes = (_zmtp_bytes(self.body_sizes) if self.fm.layer == "zmq" and self.body_sizes
-                           else None)
-        self.head_key_set = frozenset(self.head_keys)
+    @property
+    def peer_id(self) -> int | None:
+        return self.facts.peer_id if self.facts is not None else None
+
+    @property
+    def head_keys(self) -> tuple:
+        return self.facts.head_keys if self.facts is not None else ()
+
+    @property
+    def head_key_set(self) -> frozenset:
+        return self.facts.head_key_set if self.facts is not None else _NO_KEYS
 
 
 class Identities:
@@ -258,35 +260,26 @@ class Correlator:
         if fm.tgid not in self.fw_tgids:
             self.counters["fw_tgids_evicted"] += put_newest(self.fw_tgids, fm.tgid, None, LEARNT_MAX)
         self._tick(fm.ret_ts_ns)
-        meta = fm.meta
-        if meta is None or getattr(meta, "truncated", False) and meta.timestamp is None:
-            ids = getattr(fm, "call_key", None) if meta is None else None
+        tx = fm.direction == "send"
+        facts_of = FRAMEWORK_LAYERS.get(fm.layer)
+        if facts_of is None:
+            # a record that names its wire message's ids itself (probes.framework.KeyedMessage)
+            ids = getattr(fm, "call_key", None)
             if ids is None:
                 self.counters["framework_without_ids"] += 1
                 return
-            # a record that names its wire message's ids itself (probes.framework.KeyedMessage)
-            key = (fm.tgid, fm.direction == "send", *ids)
-            f = PendingFw(fm, max(self.now_ns, fm.ret_ts_ns), key, (), None, ())
-            self._fws[key].append(f)
-            self._touch(key, f.added_ns)
-            return
-        tx = fm.direction == "send"
-        key = (fm.tgid, tx, call_space_of(meta.app_id, meta.customer_id), meta.timestamp, meta.request)
-        sizes = tuple(fm.frame_sizes)
-        heads = tuple(fm.frame_heads)
-        if fm.peer is not None and sizes:
-            sizes, heads = sizes[1:], heads[1:]
-        peer_id = node_id_of_identity(fm.peer) if fm.peer else None
-        if fm.layer == "ps":
-            peer_id = meta.sender if not tx else meta.recver
-        if self.shed_judge is not None and self.shed_judge.drop_now(fm, tx, peer_id, self.now_ns):
-            self.counters["framework_shed"] += 1   # its host pair is not sampled: no wire message comes
-            return
-        head_keys: tuple = ()
-        if len(heads) >= 2 and len(heads[1]) >= 8 and sizes and sizes[1] % 8 == 0:
-            n = min(len(heads[1]), sizes[1]) // 8
-            head_keys = struct.unpack_from(f"<{n}Q", heads[1])
-        f = PendingFw(fm, max(self.now_ns, fm.ret_ts_ns), key, sizes, peer_id, head_keys)
+            key = (fm.tgid, tx, *ids)
+            f = PendingFw(fm, max(self.now_ns, fm.ret_ts_ns), key, None)
+        else:
+            facts = facts_of(fm)
+            if facts is None:
+                self.counters["framework_without_ids"] += 1
+                return
+            if self.shed_judge is not None and self.shed_judge.drop_now(fm, tx, facts.peer_id, self.now_ns):
+                self.counters["framework_shed"] += 1   # its host pair is not sampled: no wire message comes
+                return
+            key = (fm.tgid, tx, *facts.ids)
+            f = PendingFw(fm, max(self.now_ns, fm.ret_ts_ns), key, facts)
         self._fws[key].append(f)
         self._touch(key, f.added_ns)
 
@@ -337,34 +330,16 @@ class Correlator:
 
     # -- matching ---------------------------------------------------------------
     def _compatible(self, f: PendingFw, p: Pending) -> bool:
-        m, fm = p.wm.msg, f.fm
-        meta = fm.meta
-        if meta is None:   # a keyed record: the ids agree by its key
-            return _in_causal_order(fm.ts_ns, p.wm)
-        if m.control:
-            if meta.control_cmd is not None and meta.control_cmd != m.detail().get("cmd"):
-                return False
-        elif meta.push is not None and (m.op == "push" or m.op == "pushpull") != bool(meta.push):
+        facts = f.facts
+        if facts is None:   # a keyed record: the ids agree by its key
+            return _in_causal_order(f.fm.ts_ns, p.wm)
+        if not facts.fits(p.wm.msg, self.key_sample_max):
             return False
-        if f.zmtp_bytes is not None and f.zmtp_bytes != m.total_bytes:
-            return False
-        if f.peer_id is not None:
+        peer = facts.peer_id
+        if peer is not None:
             other = self.ids.sender(p.wm, p.tgid) if not p.wm.tx else self.ids.recver(p.wm, p.tgid)
-            if other is not None and other != f.peer_id:
+            if other is not None and other != peer:
                 return False
-        if f.head_keys and m.num_keys and m.key_sample_complete and m.key_sample:
-            sample = m.key_sample
-            if m.num_keys <= self.key_sample_max:
-                if not f.head_key_set <= set(sample):
-                    return False
-            else:
-                # bottom-k by hash: a key of this frame hashing below the sample's
-                # largest hash would be in the sample
-                thr = key_hash(np.array(sample, dtype=np.uint64)).max()
-                hk = np.array(f.head_keys, dtype=np.uint64)
-                below = hk[key_hash(hk) < thr]
-                if not set(below.tolist()) <= set(sample):
-                    return False
         return True
 
     def _learn_keys(self, tgid: int, wm: WireMessage, lo: int, hi: int) -> None:
@@ -387,7 +362,7 @@ class Correlator:
                 hull[1] = hi
 
     def _slice_fits(self, f: PendingFw, p: Pending) -> bool:
-        """ps-lite's slicing facts (module docstring): False when the record's first keys
+        """The slicing facts (module docstring): False when the record's first keys
         cannot be those of p's slice. Asked only of groups with several members."""
         heads = f.head_keys
         m = p.wm.msg
@@ -395,7 +370,7 @@ class Correlator:
             return True
         first, last = heads[0], heads[-1]
         if any(a >= b for a, b in zip(heads, heads[1:])):
-            return True   # not sorted and unique: not a ps-lite request's keys
+            return True   # not sorted and unique: not a request sliced by key range
         for k in m.key_sample:
             if k < first or (k <= last and k not in f.head_key_set):
                 return False
@@ -442,7 +417,7 @@ class Correlator:
                 compat[id(f)] = fits
             if bound_pass:
                 for f in fs:
-                    if f.fm.meta is None:
+                    if f.facts is None:
                         # a keyed record: one id that two clients both used, both in flight
                         # at once; the thread that took the message from the framework or
                         # gave it is, as a rule, the one that made its syscall (docs/paddle.md)
@@ -482,18 +457,17 @@ class Correlator:
     def _pair(self, f: PendingFw, p: Pending) -> None:
         fm = f.fm
         p.fw[fm.layer] = fm
-        if fm.meta is None:   # a keyed record: nothing to learn from it (its sock is no socket)
+        facts = f.facts
+        if facts is None:   # a keyed record: nothing to learn from it (its sock is no socket)
             self.counters["framework_matched"] += 1
             self._ready.append(p)
             return
         self.counters["bound_evicted"] += put_newest(self._bound, (fm.layer, fm.tgid, fm.sock, fm.peer),
                                                      p.wm.conn.conn_id, LEARNT_MAX)
-        if p.wm.tx and p.wm.msg.request and f.head_keys and not p.wm.msg.control:
-            self._learn_keys(p.tgid, p.wm, min(f.head_keys), max(f.head_keys))
-        if fm.layer == "zmq" and fm.peer is not None and f.peer_id is not None and not p.wm.tx:
-            self.ids.learn_sender(p.wm, f.peer_id)
-        elif fm.layer == "ps" and f.peer_id is not None and not p.wm.tx:
-            self.ids.learn_sender(p.wm, f.peer_id)
+        if p.wm.tx and p.wm.msg.request and facts.head_keys and not p.wm.msg.control:
+            self._learn_keys(p.tgid, p.wm, min(facts.head_keys), max(facts.head_keys))
+        if facts.peer_id is not None and not p.wm.tx:
+            self.ids.learn_sender(p.wm, facts.peer_id)
         self.counters["framework_matched"] += 1
         self._ready.append(p)
 
@@ -639,7 +613,13 @@ class Correlator:
         conn = wm.conn
         first, last = wm.first_call, wm.last_call
         reasons: dict[str, str] = {}
-        fw = p.fw.get("ps") or p.fw.get("zmq") or next(iter(p.fw.values()), None)
+        fw = None
+        for layer in FRAMEWORK_LAYERS:   # the layer nearest the application first
+            fw = p.fw.get(layer)
+            if fw is not None:
+                break
+        else:
+            fw = next(iter(p.fw.values()), None)
         if fw is not None:
             ts_fw = fw.ts_ns
         else:

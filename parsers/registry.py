@@ -8,12 +8,21 @@ from __future__ import annotations
 
 from parsers.brpc import BrpcStreamParser
 from parsers.pslite import PsliteStreamParser, legacy
+from parsers.pslite.framework import record_facts as pslite_record_facts
 
 from .protocol import UNRECOGNISED
 
 # name -> parser class; detection asks them in this order
 PROTOCOLS = {p.PROTOCOL: p for p in (PsliteStreamParser, BrpcStreamParser)}
 NAMES = tuple(PROTOCOLS)
+
+
+# framework-record layers (probes.framework's `layer`) whose records are matched to
+# wire messages by a protocol's facts: layer -> facts of a record (None: it names no
+# ids); nearest the application first (a row's framework time is its first layer's).
+# Records that name their wire message's ids themselves (probes.framework.KeyedMessage:
+# brpc's) need none.
+FRAMEWORK_LAYERS = {"ps": pslite_record_facts, "zmq": pslite_record_facts}
 
 
 def parser_class(name: str):
