@@ -118,21 +118,20 @@ class PendingFw:
     fm: object            # probes.framework.FrameworkMessage (or KeyedMessage)
     added_ns: int
     key: tuple
-    # its protocol's facts (parsers.registry.FRAMEWORK_LAYERS: peer_id, head_keys,
-    # head_key_set, fits()); None for a record that names its wire message's ids itself
+    # its protocol's facts (parsers.registry.FRAMEWORK_LAYERS: fits() and the fields
+    # below); None for a record that names its wire message's ids itself
     facts: object | None
+    # the facts' generic fields, copied: read per candidate wire message
+    peer_id: int | None = field(init=False)
+    head_keys: tuple = field(init=False)
+    head_key_set: frozenset = field(init=False)
 
-    @property
-    def peer_id(self) -> int | None:
-        return self.facts.peer_id if self.facts is not None else None
-
-    @property
-    def head_keys(self) -> tuple:
-        return self.facts.head_keys if self.facts is not None else ()
-
-    @property
-    def head_key_set(self) -> frozenset:
-        return self.facts.head_key_set if self.facts is not None else _NO_KEYS
+    def __post_init__(self):
+        facts = self.facts
+        if facts is None:
+            self.peer_id, self.head_keys, self.head_key_set = None, (), _NO_KEYS
+        else:
+            self.peer_id, self.head_keys, self.head_key_set = facts.peer_id, facts.head_keys, facts.head_key_set
 
 
 class Identities:
@@ -613,13 +612,17 @@ class Correlator:
         conn = wm.conn
         first, last = wm.first_call, wm.last_call
         reasons: dict[str, str] = {}
+        fws = p.fw
         fw = None
-        for layer in FRAMEWORK_LAYERS:   # the layer nearest the application first
-            fw = p.fw.get(layer)
-            if fw is not None:
-                break
-        else:
-            fw = next(iter(p.fw.values()), None)
+        if len(fws) == 1:
+            (fw,) = fws.values()
+        elif fws:
+            for layer in FRAMEWORK_LAYERS:   # the layer nearest the application first
+                fw = fws.get(layer)
+                if fw is not None:
+                    break
+            else:
+                fw = next(iter(fws.values()))
         if fw is not None:
             ts_fw = fw.ts_ns
         else:
