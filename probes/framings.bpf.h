@@ -75,6 +75,11 @@ static __always_inline void fr_frame_end(struct wk_scratch *s, int proto)
 	}
 }
 
+static __always_inline int fr_samples_keys(int proto)
+{
+	return proto == SOCKCALL_PROTO_ZMTP; /* brpc's keys are not sampled yet */
+}
+
 static __always_inline u32 fr_cand_bytes(int proto)
 {
 	switch (proto) {

@@ -146,8 +146,11 @@ class Direction(enum.IntEnum):
     RX = 1  # bytes it receives
 
 
-def install_walker(prog) -> None:
-    """Load the walker's tail-called programs into the probe's program array.
+def install_walker(prog, framings=None) -> None:
+    """Load the walker's tail-called programs into the probe's program array:
+    those of `framings` (WalkProtocol values; None: every framing) and the shared
+    netstack lookups. (A framing's programs take the verifier 0.5-2 s each start:
+    a test of one protocol loads only its own.)
 
     Until this runs, walked calls end with WALK_END NO_WALKER and their
     connections go unsynced. TODO(lead): the loader should call this after
@@ -164,7 +167,10 @@ def install_walker(prog) -> None:
 
     table = prog.bpf[_PROG_ARRAY]
     failed = []
+    wanted = None if framings is None else {int(WalkProtocol(f)) for f in framings} | {0}
     for name, slot in WALKER_PROGRAMS.items():
+        if wanted is not None and slot // 4 not in wanted:   # WK_SLOT(proto, kind) = proto * 4 + kind
+            continue
         try:
             fn = prog.bpf.load_func(name.encode(), bcc.BPF.TRACEPOINT)
         except Exception as e:  # bcc raises Exception with the verifier's verdict

@@ -92,6 +92,8 @@ static __always_inline int
 fr_header(struct wk_scratch *s, int proto, u64 addr, u64 avail);  /* (part of) a header at the cursor; 1: stop */
 static __always_inline void
 fr_frame_end(struct wk_scratch *s, int proto);                    /* a body is done: next header, message end */
+static __always_inline int
+fr_samples_keys(int proto);             /* does the framing key-sample bodies (wk_body_keys)? */
 static __always_inline u32
 fr_cand_bytes(int proto);               /* bytes a self-sync candidate needs */
 static __always_inline u32
@@ -849,7 +851,9 @@ static __always_inline int wk_body(struct wk_scratch *s, const int proto, u64 ad
 		}
 		st->copy_left -= c;
 		n = c;
-	} else if (st->body == WK_BODY_KEYS) {
+	} else if (fr_samples_keys(proto) && st->body == WK_BODY_KEYS) {
+		/* folded away for a framing that samples no keys: the key hashing is
+		 * most of what the verifier walks in a pass */
 		n = wk_keys(s, addr, n);
 		if (w->stopped)
 			return 1;

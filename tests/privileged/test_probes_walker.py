@@ -236,13 +236,16 @@ class Capture:
         self.prog.consume()
 
 
-def start_probe(netns_name: str, **overrides):
+def start_probe(netns_name: str, framings=None, **overrides):
+    """The sockcalls probe on a namespace, with the walker of `framings` (default:
+    ZMTP's alone, what these tests walk)."""
+    from probes.events import WalkProtocol
     from probes.filters import Filters
     from probes.loader import ProbeProgram
     from probes.sockcalls import SOCKCALLS, install_walker
 
     prog = ProbeProgram.start([SOCKCALLS], Filters.build(netns=[netns_name]), overrides=overrides or None)
-    install_walker(prog)
+    install_walker(prog, framings or (WalkProtocol.ZMTP,))
     return prog, Capture(prog)
 
 

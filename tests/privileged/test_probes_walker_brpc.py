@@ -30,9 +30,13 @@ import sys
 import pytest
 from test_probes_walker import PeerProc, netns, start_probe  # noqa: F401
 
+from probes.events import WalkProtocol
+
 SEND_SIZES = range(1, 14)
 RECV_SIZES = range(1, 12)
 WARMUP = 20   # messages before the probe attaches (mid-stream tests)
+# brpc's walk, and ZMTP's hunt: a connection joined mid-stream is hunted as ZMTP until a hint
+BRPC_WALKERS = (WalkProtocol.BRPC, WalkProtocol.ZMTP)
 
 
 # ---------------------------------------------------------------- the messages
@@ -305,7 +309,7 @@ def test_brpc_walker_rebuilds_messages_across_any_call_boundary(netns):  # noqa:
     peer = PeerProc(netns, script=__file__)
     try:
         pid = peer.read()["pid"]
-        prog, cap = start_probe(netns)
+        prog, cap = start_probe(netns, BRPC_WALKERS)
         with prog:
             # the connection was made before the probe; its first byte is sent after
             done = peer.ask("split 11", prog)
@@ -340,7 +344,7 @@ def test_brpc_walker_counts_garbage_resyncs_and_leaves_unknown_bytes_uncopied(ne
     peer = PeerProc(netns, script=__file__)
     try:
         pid = peer.read()["pid"]
-        prog, cap = start_probe(netns)
+        prog, cap = start_probe(netns, BRPC_WALKERS)
         with prog:
             peer.ask("batched mixed 30 21", prog)
             peer.ask("bad 22", prog)
@@ -381,7 +385,7 @@ def test_brpc_walker_joins_mid_stream_through_a_hint_naming_its_framing(netns): 
     try:
         pid = peer.read()["pid"]
         peer.ask(f"paced paced {WARMUP} 30")
-        prog, cap = start_probe(netns)
+        prog, cap = start_probe(netns, BRPC_WALKERS)
         with prog:
             peer.ask("paced paced 3 31", prog)
             hinted = hint_both_sides(prog, cap, pid, stale=False)
@@ -413,7 +417,7 @@ def test_brpc_walker_syncs_by_itself_once_a_stale_hint_named_its_framing(netns):
     try:
         pid = peer.read()["pid"]
         peer.ask(f"paced paced {WARMUP} 40")
-        prog, cap = start_probe(netns)
+        prog, cap = start_probe(netns, BRPC_WALKERS)
         with prog:
             peer.ask("paced paced 2 41", prog)
             assert len(hint_both_sides(prog, cap, pid, stale=True)) == 2

@@ -25,6 +25,7 @@ DURATION_S = 120.0  # longer than any compile: the job never ends by itself firs
 
 @pytest.mark.privileged
 def test_walker_joins_a_running_psbench_job(tmp_path):
+    from probes.events import WalkProtocol
     from probes.filters import Filters
     from probes.loader import ProbeProgram
     from probes.sockcalls import SOCKCALLS, install_walker
@@ -40,7 +41,7 @@ def test_walker_joins_a_running_psbench_job(tmp_path):
         # 16 MiB ring, as the agent's: this test's consumer is Python, on a shared machine
         with ProbeProgram.start([SOCKCALLS], Filters.build(pids=[n["pid"] for n in nodes.values()]),
                                 overrides={"SOCKCALLS_RING_PAGES": 4096}) as prog:
-            install_walker(prog)
+            install_walker(prog, (WalkProtocol.ZMTP,))
             cap = Capture(prog)
             ready_ns = time.monotonic_ns()
             until = time.monotonic() + TRACE_S
