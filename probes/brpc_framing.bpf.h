@@ -94,8 +94,9 @@ static __always_inline int brpc_frame_begin(struct wk_scratch *s)
 /* A header, or the part of it this stretch holds: all 12 bytes at once when
  * they are here (nearly always), else one byte per step (a header split
  * across calls: the magic checked byte by byte, every byte shifted through
- * st->acc, which ends up holding the two sizes). (A loop over the 1..12 bytes a stretch may hold made brpc_walk too complex
- * for the verifier: over 1M instructions.) */
+ * st->acc, which ends up holding the two sizes). A loop over the 1..12
+ * bytes a stretch may hold made brpc_walk too complex for the verifier
+ * (over 1M instructions). */
 static __always_inline int brpc_header(struct wk_scratch *s, u64 addr, u64 avail)
 {
 	struct wk_walk *w = &s->w;
