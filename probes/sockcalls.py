@@ -437,13 +437,11 @@ class StreamOffsets:
 
 
 def feed_parser(parser, view) -> list:
-    """Feed a stream view to a parsers.pslite PsliteStreamParser; returns the
-    messages it completed. Skip goes to parser.skip() when the parser has one,
-    else to gap() (inside a frame body the parser walks anyway, a gap loses
-    nothing; inside a keys frame it marks the sample incomplete); Hunted to
-    parser.unparsed() (bytes seen and rejected are unparsed, not lost)."""
-    skip = getattr(parser, "skip", parser.gap)
-    unparsed = getattr(parser, "unparsed", parser.gap)
+    """Feed a stream view to a registered protocol's stream parser; returns the
+    messages it completed. Skip goes to parser.skip() (bytes inside a body the
+    walker went past), Hunted to parser.unparsed() (bytes seen and rejected are
+    unparsed, not lost), Gap to parser.gap() (parsers/protocol.py)."""
+    skip, unparsed = parser.skip, parser.unparsed
     msgs = []
     for _off, x in view:
         if isinstance(x, bytes):
