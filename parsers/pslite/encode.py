@@ -5,15 +5,21 @@ PBMeta.data_type (KVWorker: keys uint64, vals, and lens int32 when values have
 varying lengths). `MessageSpec.frames()` builds those frames (send them with pyzmq, as
 the recorder in tests/data/pslite does); `encode_stream` frames them as ZMTP 3
 bytes after a greeting and READY, for tests that want bytes without a socket.
+
+BytePS's fork sends a RawMeta struct instead of the PBMeta (rawmeta.py):
+`MessageSpec.raw_frames()` packs it as its Van::PackMeta does, with the server's
+sender-id frame in front when the message goes out through its ROUTER.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from .meta import Cmd, DataType, PBMeta
+from .meta import PS_META_EMPTY, Cmd, DataType, PBMeta
+from .rawmeta import RAW_META_BYTES
 from .zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE, GREETING_BYTES
 
 
@@ -55,13 +61,45 @@ class MessageSpec:
                 m.control.node.add(role=role, id=node_id, hostname=host, port=port)
         return m
 
-    def frames(self) -> list[bytes]:
+    def data_frames(self) -> list[bytes]:
         data = []
         if self.keys is not None:
             data.append(np.asarray(self.keys, dtype="<u8").tobytes())
             data.append(bytes(self.vals))
             if self.lens is not None:
                 data.append(np.asarray(self.lens, dtype="<i4").tobytes())
+        return data
+
+    def raw_frames(self, routing_id: bytes | None = None, body: bytes = b"", barrier_group: int = 0,
+                   msg_sig: int = 0, key: int = 0, addr: int = 0, val_len: int = 0, option: int = 0) -> list[bytes]:
+        """BytePS's frames: [sender id,] RawMeta, data. The struct's fields as PackMeta
+        (src/van.cc) sets them; key, addr, val_len and option are whatever the sender's
+        ps::Meta held (often stack bytes: rawmeta.py)."""
+        data = self.data_frames()
+        m = self.meta()
+        dts = list(m.data_type)
+        cmd = int(self.control_cmd) if self.control_cmd is not None else 0
+        nodes = list(self.control_nodes) if cmd else []
+        raw = bytearray(RAW_META_BYTES)   # bzero(raw, sizeof(RawMeta))
+        ts = PS_META_EMPTY if self.timestamp is None else self.timestamp
+        struct.pack_into("<ii", raw, 0, self.head, len(body))
+        if cmd:
+            struct.pack_into("<iii", raw, 8, cmd, len(nodes),
+                             barrier_group if cmd == Cmd.BARRIER else 0)
+            struct.pack_into("<Q", raw, 24, msg_sig if cmd == Cmd.ACK else 0)
+        struct.pack_into("<B3xiiii", raw, 32, self.request, self.app_id, ts, len(dts), self.customer_id)
+        struct.pack_into("<BB2xi4xQQii", raw, 52, self.push, self.simple_app, sum(map(len, data)),
+                         key, addr, val_len, option)
+        out = bytes(raw) + body + struct.pack("<%di" % len(dts), *dts)
+        for role, node_id, host, port in nodes:
+            h = host.encode()[:64]
+            # RawNode: role, id, hostname[64], port, is_recovery, customer_id,
+            # endpoint_name[64], endpoint_name_len, aux_id (padding: whatever was there)
+            out += struct.pack("<ii64siB3xi64s4xQi4x", role, node_id, h, port, 0, 0, b"", 0, -1)
+        return ([routing_id] if routing_id is not None else []) + [out] + data
+
+    def frames(self) -> list[bytes]:
+        data = self.data_frames()
         m = self.meta()
         if self.data_size:
             m.data_size = sum(map(len, data))

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from parsers.protocol import PAIR_NODES
+from parsers.protocol import PAIR_CONNECTION, PAIR_NODES
 
+from .bytepskeys import server_rank, split_key
 from .meta import DATA_TYPE_BYTES, Cmd, DataType, PBMeta
 
 # What a data frame may claim as its element type: ps::DataType values (0..11)
@@ -117,6 +118,34 @@ class PsMessage:
         return {"simple_app": True} if self.simple_app else {}
 
 
+@dataclass(slots=True)
+class BytepsMessage(PsMessage):
+    """A ps-lite message of BytePS's fork (its meta a RawMeta: rawmeta.py).
+
+    Its pairing scope is its own: BytePS's server answers a worker's data request
+    through its ROUTER, on the connection the request came in on (src/zmq_van.h,
+    ZMQVan::NonWorkerSendMsg), so a data message pairs on its connection. Control and
+    SimpleApp messages go out through the sender's DEALER into the peer's ROUTER, as
+    in MXNet, and pair between node ids."""
+
+    @property
+    def pair_scope(self) -> str:
+        return PAIR_NODES if self.control or self.simple_app else PAIR_CONNECTION
+
+    def detail(self) -> dict:
+        """PsMessage's, the variant, the smallest sampled key as on the wire and its
+        declared key and partition where the wire key determines them (bytepskeys.py; BytePS sends one
+        key per message)."""
+        d = PsMessage.detail(self)
+        d["variant"] = "byteps"
+        if self.key_sample:
+            d["wire_key"] = key = self.key_sample[0]
+            split = split_key(key, server_rank(self.sender_node_id))
+            if split is not None:
+                d["declared_key"], d["key_partition"] = split
+        return d
+
+
 _CMD_NAMES = {c.value: c.name for c in Cmd}
 
 
@@ -148,7 +177,8 @@ def ps_message(first: int, last: int, meta: "MetaInfo", ps_op: Op, sender_node_i
         if len(_DERIVED) >= _DERIVED_MAX:
             _DERIVED.clear()
         _DERIVED[key] = derived
-    return PsMessage(first, last, meta.kind, meta.cmd, meta.request, ps_op, meta.pull is not None,
+    cls = BytepsMessage if meta.raw else PsMessage
+    return cls(first, last, meta.kind, meta.cmd, meta.request, ps_op, meta.pull is not None,
                      meta.simple_app, meta.head, meta.app_id, meta.customer_id, meta.timestamp, sender_node_id,
                      num_keys, key_sample, key_sample_complete, value_bytes, data_frames, meta_bytes,
                      meta.data_types, meta.nodes, *derived, meta.timestamp)
@@ -186,6 +216,7 @@ class MetaInfo:
     timestamp: int | None
     data_types: tuple[int, ...]
     nodes: tuple[NodeInfo, ...]
+    raw: bool = False   # BytePS's RawMeta (rawmeta.py), not a PBMeta
 
 
 # read_meta's results by frame bytes: one agent that traces several hosts (network
@@ -213,6 +244,17 @@ def read_meta(body) -> MetaInfo | None:
 _MISSING = object()
 
 
+def data_types_ok(dts: tuple) -> bool:
+    """A meta's data types: at most MAX_DATA_FRAMES, each a ps::DataType."""
+    return not dts or (len(dts) <= MAX_DATA_FRAMES and min(dts) >= 0 and max(dts) <= MAX_DATA_TYPE)
+
+
+def ids_ok(app_id: int | None, customer_id: int | None, timestamp: int | None) -> bool:
+    """ids are int32 >= 0 in ps-lite (kEmpty is INT_MAX); a negative one is not a meta's."""
+    return ((app_id is None or app_id >= 0) and (customer_id is None or customer_id >= 0)
+            and (timestamp is None or timestamp >= 0))
+
+
 def _read_meta(body) -> MetaInfo | None:
     try:
         m = PBMeta.FromString(body)
@@ -222,14 +264,12 @@ def _read_meta(body) -> MetaInfo | None:
     if not (has("request") and has("push")):
         return None
     dts = tuple(m.data_type[:])   # a slice is a list: ~4 times faster than iterating the field
-    if dts and (len(dts) > MAX_DATA_FRAMES or min(dts) < 0 or max(dts) > MAX_DATA_TYPE):
+    if not data_types_ok(dts):
         return None
-    # ids are int32 >= 0 in ps-lite (kEmpty is INT_MAX); a negative one is not a meta
     app_id = m.app_id if has("app_id") else None
     customer_id = m.customer_id if has("customer_id") else None
     timestamp = m.timestamp if has("timestamp") else None
-    if ((app_id is not None and app_id < 0) or (customer_id is not None and customer_id < 0)
-            or (timestamp is not None and timestamp < 0)):
+    if not ids_ok(app_id, customer_id, timestamp):
         return None
     nodes: tuple[NodeInfo, ...] = ()
     if has("control"):

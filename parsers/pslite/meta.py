@@ -113,6 +113,10 @@ DATA_TYPE_BYTES = {
     DataType.UINT64: 8, DataType.FLOAT: 4, DataType.DOUBLE: 8,
 }
 
+# ps::Meta::kEmpty and ps::Node::kEmpty (std::numeric_limits<int>::max()): a field the
+# sender did not set (PBMeta leaves it out; BytePS's RawMeta carries the value)
+PS_META_EMPTY = 2**31 - 1
+
 # ps-lite node ids: the scheduler is 1; groups are bit masks; server rank r is
 # 8 + 2r and worker rank r is 9 + 2r (ps::Postoffice::ServerRankToID / WorkerRankToID).
 SCHEDULER_ID = 1

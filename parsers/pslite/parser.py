@@ -19,6 +19,11 @@ that makes no sense (garbage) hunts again from the byte after that header, so th
 messages that follow are not swallowed by a bogus frame size. resync.py holds that
 part; this file walks a healthy stream.
 
+Meta variants. MXNet's ps-lite sends a PBMeta, BytePS's fork a RawMeta struct, with
+its server's sender id as a frame of its own before it on answers to a worker
+(rawmeta.py). A direction's first message fixes which one it speaks (`variant`);
+until then both are tried (and hunted for), after it only that one.
+
 Every byte ends up counted once: in a message, in the handshake (greeting and
 commands), as unparsed (seen, not understood), as lost (announced by `gap`), or
 still pending (a message or a hunting window in progress): see `stats()`.
@@ -35,6 +40,7 @@ from parsers.protocol import ParserStats
 from parsers.keysample import KEY_BYTES, KeySampler, bottom_k
 from .message import KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes, infer_op, ps_message, read_meta
 from .meta import is_node_identity, node_id_of_identity
+from .rawmeta import PBMETA, RAWMETA, decode_meta, routing_id
 from .resync import ResyncMixin
 from .states import (_COMMAND, _DATA, _DISCARD, _GAP, _GREETING, _HEADER, _HUNT, _KEYS,
                      _KEYS_SMALL, _META, _OPAQUE, _SKIP)
@@ -72,6 +78,9 @@ class PsliteStreamParser(ResyncMixin):
         self.identity: bytes | None = None  # from READY
         self.sender_node_id: int | None = None  # ps-lite identity "ps<id>"
         self.error_reason: bytes | None = None  # from an ERROR command
+        # the meta frames' variant (rawmeta.PBMETA, RAWMETA), fixed by the direction's
+        # first message; None until then
+        self.variant: str | None = None
         self._start = start_offset
         self._fed = self._gaps = 0
         self._msg_bytes = self._hs_bytes = self._unparsed = self._lost = 0
@@ -92,6 +101,11 @@ class PsliteStreamParser(ResyncMixin):
         self._msg_first = 0
         self._meta: MetaInfo | None = None
         self._meta_bytes = 0
+        # a BytePS server's sender-id frame before the meta (rawmeta.py): its node id,
+        # and the stream offset of the message's first byte (that frame's header)
+        self._routed = False
+        self._routed_sender: int | None = None
+        self._routed_first = 0
         self._dts: tuple[int, ...] = ()
         self._has_keys = False
         self._num_keys = 0
@@ -393,7 +407,7 @@ class PsliteStreamParser(ResyncMixin):
             self._frame_hdr = bytes(hdr)
             self._frame_abs = hdr_abs
             if flags & FLAG_COMMAND:
-                if flags & FLAG_MORE or size == 0 or size > COMMAND_MAX_BYTES:
+                if flags & FLAG_MORE or size == 0 or size > COMMAND_MAX_BYTES or self._routed:
                     return self._fail(hdr, hdr_abs)
                 self._state, self._need = _COMMAND, size
             else:
@@ -490,14 +504,29 @@ class PsliteStreamParser(ResyncMixin):
         return bottom_k(np.frombuffer(buf, "<u8", n, pos), self.key_sample_max)
 
     def _on_meta(self, body, end_abs: int):
-        meta = read_meta(body)
+        variant = self.variant
         more = self._more
+        if variant is PBMETA:
+            meta = read_meta(body)
+        else:
+            if more and not self._routed:
+                ident = routing_id(body)
+                if ident is not None:
+                    return self._on_routing_id(ident)
+            meta = decode_meta(body, variant)
+            if self._routed:
+                # the sender-id frame comes only before a RawMeta (zmq_van.h)
+                if meta is not None and not meta.raw:
+                    meta = None
+                self._msg_first = self._routed_first
         if meta is None:
             return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
         if more != bool(meta.data_types):  # ps-lite sends one data frame per data_type
             return self._fail(self._frame_hdr + bytes(body), self._frame_abs)
         if self._tentative and self._tent_msgs:
             self._confirm()  # the next meta decodes: the chain holds
+        if variant is None and not self._tentative:
+            self.variant = RAWMETA if meta.raw else PBMETA
         self._meta = meta
         self._meta_bytes = len(body)
         self._dts = meta.data_types
@@ -511,6 +540,16 @@ class PsliteStreamParser(ResyncMixin):
             self._state = _HEADER
         else:
             self._finish_message(end_abs)
+        return None
+
+    def _on_routing_id(self, ident: bytes):
+        """Frame 0 was a BytePS server's sender id: the meta comes next."""
+        self._routed = True
+        self._routed_sender = node_id_of_identity(ident)
+        if self._routed_sender is None and not self._tentative:   # a replay would count it again
+            self._rejected += 1
+        self._routed_first = self._msg_first
+        self._state = _HEADER
         return None
 
     def _frame_done(self, end_abs: int) -> None:
@@ -528,7 +567,8 @@ class PsliteStreamParser(ResyncMixin):
         else:
             sample, complete = self._sample, True
         data_frames = self._frame_idx
-        msg = ps_message(self._msg_first, end_abs - 1, meta, infer_op(meta, data_frames), self.sender_node_id,
+        sender = self._routed_sender if self._routed else self.sender_node_id
+        msg = ps_message(self._msg_first, end_abs - 1, meta, infer_op(meta, data_frames), sender,
                          self._num_keys, sample, complete, self._value_bytes, data_frames, self._meta_bytes)
         self._messages += 1
         self._msg_bytes += end_abs - self._acct
@@ -536,10 +576,13 @@ class PsliteStreamParser(ResyncMixin):
         if self._tentative:
             self._pending.append(msg)
             self._tent_msgs += 1
-            if data_frames >= 2:
+            if data_frames >= 2 or self._routed:
                 # keys and values that agree with data_type and with each other: random
                 # bytes practically never do that, so the chain holds without waiting
-                # for the next meta (which garbage or a gap may keep from coming)
+                # for the next meta (which garbage or a gap may keep from coming). Nor
+                # a sender-id frame "ps<digits>" before a RawMeta of the right size with
+                # its 13 padding bytes zero (rawmeta.py): BytePS's answers to pushes
+                # carry no data frames, and would otherwise wait
                 self._confirm()
         else:
             self._out.append(msg)
@@ -549,6 +592,7 @@ class PsliteStreamParser(ResyncMixin):
     def _reset_message(self) -> None:
         self._frame_idx = 0
         self._meta = None
+        self._routed = False
         self._sampler = None
         if self._hdr:
             self._hdr.clear()

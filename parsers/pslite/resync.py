@@ -18,7 +18,8 @@ from heapq import heappop, heappush
 
 from .hunt import LONG_SCAN_BYTES, SHORT_TAIL_BYTES, TAIL_BYTES, candidates, short_candidates
 from parsers.keysample import KeySampler
-from .message import read_meta
+from .message import BytepsMessage
+from .rawmeta import PBMETA, RAWMETA, ROUTING_ID_BYTES_MAX, ROUTING_ID_BYTES_MIN, decode_meta, raw_candidates, routing_id
 from .states import _DATA, _DISCARD, _GAP, _GREETING, _HEADER, _HUNT, _KEYS, _KEYS_SMALL, _SKIP
 from .zmtp import FLAG_LONG, FLAG_MORE, GREETING_BYTES, parse_greeting
 
@@ -121,8 +122,14 @@ class ResyncMixin:
         # long headers and greetings only every LONG_SCAN_BYTES (see hunt.py)
         scanned_long = self._hunt_scanned_long
         if n - scanned_long >= LONG_SCAN_BYTES:
-            found = candidates(buf, max(0, min(self._hunt_scanned - SHORT_TAIL_BYTES,
-                                               scanned_long - TAIL_BYTES)))
+            start = max(0, min(self._hunt_scanned - SHORT_TAIL_BYTES, scanned_long - TAIL_BYTES))
+            found = candidates(buf, start)
+            if self.variant is not PBMETA:
+                # BytePS's metas are at least 90 bytes with their header, so the long
+                # scan finds them before they can be judged (rawmeta._RAW_PATTERNS)
+                raw = raw_candidates(buf, start)
+                if raw:
+                    found = sorted(set(found).union(raw))
             scanned_long = n
         else:
             found = short_candidates(buf, max(0, self._hunt_scanned - SHORT_TAIL_BYTES))
@@ -143,12 +150,11 @@ class ResyncMixin:
             flags = buf[j]
             if flags == 0xFF:
                 need, size = j + GREETING_BYTES, 0
-            elif flags & FLAG_LONG:
-                size = _U64_BE.unpack_from(buf, j + 1)[0]
-                need = j + 9 + size
             else:
-                size = buf[j + 1]
-                need = j + 2 + size
+                need, size = self._frame_need(buf, j)
+                if self.variant is not PBMETA and need <= n and self._routing_frame(buf, j):
+                    # a sender-id frame: judged with the meta frame after it
+                    need, size = self._frame_need(buf, need)
             if need > n and size <= self.meta_max_bytes:
                 at = base + j
                 undecided[at] = base + need
@@ -191,19 +197,47 @@ class ResyncMixin:
             self._hunt_base += k
             self._acct = self._hunt_base
 
+    @staticmethod
+    def _frame_need(buf, j: int) -> tuple[int, int]:
+        """(end offset in buf, size) of the frame whose header is at buf[j]: where its
+        body would end, or, with too few bytes for its header, where the header does
+        (judged again then)."""
+        if len(buf) - j < 2 or (buf[j] & FLAG_LONG and len(buf) - j < 9):
+            return j + (9 if len(buf) > j and buf[j] & FLAG_LONG else 2), 0
+        if buf[j] & FLAG_LONG:
+            size = _U64_BE.unpack_from(buf, j + 1)[0]
+            return j + 9 + size, size
+        size = buf[j + 1]
+        return j + 2 + size, size
+
+    @staticmethod
+    def _routing_frame(buf, j: int) -> bool:
+        """A BytePS sender-id frame ("ps<digits>", MORE) at buf[j] (rawmeta.py)."""
+        size = buf[j + 1]
+        return (buf[j] == FLAG_MORE and ROUTING_ID_BYTES_MIN <= size <= ROUTING_ID_BYTES_MAX
+                and routing_id(buf[j + 2:j + 2 + size]) is not None)
+
     def _judge(self, buf, j: int) -> int:
         if buf[j] == 0xFF:
             if len(buf) - j < GREETING_BYTES:
                 return _NEED_MORE
             return _ACCEPT_GREETING if parse_greeting(buf[j:j + GREETING_BYTES]) else _REJECT
+        variant = self.variant
+        routed = variant is not PBMETA and len(buf) - j >= 2 + ROUTING_ID_BYTES_MIN and self._routing_frame(buf, j)
+        if routed:
+            j += 2 + buf[j + 1]
+            if len(buf) - j < 2:
+                return _NEED_MORE
         long = buf[j] & FLAG_LONG
         hl = 9 if long else 2
+        if len(buf) - j < hl:
+            return _NEED_MORE
         size = _U64_BE.unpack_from(buf, j + 1)[0] if long else buf[j + 1]
         if size > self.meta_max_bytes:
             return _REJECT
         if len(buf) - j < hl + size:
             return _NEED_MORE
-        meta = read_meta(memoryview(buf)[j + hl:j + hl + size])
+        meta = decode_meta(memoryview(buf)[j + hl:j + hl + size], RAWMETA if routed else variant)
         if meta is None:
             return _REJECT
         if bool(buf[j] & FLAG_MORE) != bool(meta.data_types):
@@ -245,6 +279,8 @@ class ResyncMixin:
         over[0] += n_data - take
 
     def _confirm(self) -> None:
+        if self.variant is None and self._pending:
+            self.variant = RAWMETA if isinstance(self._pending[0], BytepsMessage) else PBMETA
         self._tentative = False
         self._resyncs += 1
         self._out.extend(self._pending)
