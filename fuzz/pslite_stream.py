@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parsers.pslite.encode import MessageSpec, encode_stream
 from parsers.pslite.parser import PsliteStreamParser
 
 KIND = "parser"
@@ -26,6 +27,13 @@ def seeds() -> list[bytes]:
         raw = (_DATA / name).read_bytes()
         # short inputs: a few messages each, so the fuzzer runs thousands a second
         out += [b"\x00\x00" + raw[:510], b"\x21\x00" + raw[:300], b"\x03\x07" + raw[1000:1510]]
+    # BytePS's RawMeta both ways: a worker's push into a server's ROUTER, and the
+    # server's answers behind its sender-id frame (packed as its PackMeta packs them)
+    push = MessageSpec(request=True, push=True, head=1, timestamp=1, keys=[5 << 16], vals=bytes(32), lens=[32])
+    answer = MessageSpec(request=False, push=True, head=1, timestamp=1)
+    w2s = encode_stream([push.raw_frames()] * 4, identity=b"ps9")[0]
+    s2w = encode_stream([answer.raw_frames(routing_id=b"ps8")] * 5, identity=None, socket_type=b"ROUTER")[0]
+    out += [b"\x00\x00" + w2s[:510], b"\x03\x05" + w2s[100:510], b"\x00\x00" + s2w[:510], b"\x21\x00" + s2w[60:400]]
     return out
 
 
