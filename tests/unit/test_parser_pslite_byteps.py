@@ -291,3 +291,20 @@ def test_hostile_rawmeta_never_raises(seed):
         assert _accounted(p) and p.stats().pending_bytes == 0
         for m in msgs:
             m.detail()
+
+
+def test_gaps_inside_values_lose_nothing_and_a_gap_in_a_meta_resyncs():
+    data, spans = _server_stream(20)
+    msgs = _parse(data)[0]
+    pull = msgs[1]
+    # a pull's answer: sender id (2 + 3 bytes), RawMeta (2 + 100), keys (2 + 8), vals (2 + 32), lens
+    vals_at = pull.first_byte_offset + 5 + 102 + 10 + 2
+    p = PsliteStreamParser()
+    got = p.feed(data[:vals_at + 4]) + p.gap(20) + p.feed(data[vals_at + 24:]) + p.close()
+    assert [_ident(m) for m in got] == [_ident(m) for m in msgs] and p.stats().lost_bytes == 0
+    meta_at = msgs[4].first_byte_offset + 5 + 2 + 40    # inside the fifth message's RawMeta
+    p = PsliteStreamParser()
+    got = p.feed(data[:meta_at]) + p.gap(8) + p.feed(data[meta_at + 8:]) + p.close()
+    ids = [m.call_id for m in got]
+    assert ids[:4] == [0, 1, 2, 3] and 4 not in ids and ids[-10:] == list(range(10, 20))
+    assert p.stats().lost_bytes == 8 and p.stats().resyncs >= 1 and _accounted(p)
