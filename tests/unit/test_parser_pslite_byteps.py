@@ -308,3 +308,14 @@ def test_gaps_inside_values_lose_nothing_and_a_gap_in_a_meta_resyncs():
     ids = [m.call_id for m in got]
     assert ids[:4] == [0, 1, 2, 3] and 4 not in ids and ids[-10:] == list(range(10, 20))
     assert p.stats().lost_bytes == 8 and p.stats().resyncs >= 1 and _accounted(p)
+
+
+def test_the_hunts_two_scans_agree():
+    """raw_candidates: numpy over large buffers finds what the expression finds."""
+    from parsers.pslite import rawmeta
+    rng = np.random.default_rng(3)
+    data, _ = _server_stream(60)
+    for buf in (rng.integers(0, 256, 40000, dtype=np.uint8).tobytes(), bytes(5000), data * 3,
+                rng.integers(0, 4, 30000, dtype=np.uint8).tobytes()):
+        for start in (0, 5, 2100):
+            assert rawmeta.raw_candidates(buf, start) == [m.start() for m in rawmeta._RAW_PATTERNS.finditer(buf, start)]
