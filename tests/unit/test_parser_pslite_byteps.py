@@ -319,3 +319,12 @@ def test_the_hunts_two_scans_agree():
                 rng.integers(0, 4, 30000, dtype=np.uint8).tobytes()):
         for start in (0, 5, 2100):
             assert rawmeta.raw_candidates(buf, start) == [m.start() for m in rawmeta._RAW_PATTERNS.finditer(buf, start)]
+
+
+def test_a_sender_id_beyond_int32_is_refused_and_counted():
+    spec = penc.MessageSpec(request=False, push=True, timestamp=1)
+    data, spans = penc.encode_stream([spec.raw_frames(routing_id=b"ps99999999999"), spec.raw_frames(routing_id=b"ps8")],
+                                     identity=None, socket_type=b"ROUTER")
+    msgs, p = _parse(data)
+    assert [(m.first_byte_offset, m.last_byte_offset) for m in msgs] == spans
+    assert [m.sender_node_id for m in msgs] == [None, 8] and p.stats().values_rejected == 1
