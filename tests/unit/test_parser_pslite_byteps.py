@@ -323,7 +323,7 @@ def test_the_hunts_two_scans_agree():
 
 def test_a_sender_id_beyond_int32_is_refused_and_counted():
     spec = penc.MessageSpec(request=False, push=True, timestamp=1)
-    data, spans = penc.encode_stream([spec.raw_frames(routing_id=b"ps99999999999"), spec.raw_frames(routing_id=b"ps8")],
+    data, spans = penc.encode_stream([spec.raw_frames(routing_id=b"ps9999999999"), spec.raw_frames(routing_id=b"ps8")],
                                      identity=None, socket_type=b"ROUTER")
     msgs, p = _parse(data)
     assert [(m.first_byte_offset, m.last_byte_offset) for m in msgs] == spans
