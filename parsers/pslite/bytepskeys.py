@@ -18,6 +18,10 @@ kMaxKey / 2^16 > 2^47, so such a key is in server 0's range, which begins at 0 f
 every N). A message that names its sending server (a response, by its sender-id
 frame) gives the rank i; then N is the one count with an offset below 2^32 (for
 N <= 2^16 the begins of consecutive counts differ by more than 2^32 / i), or none.
+
+The arithmetic is BytePS's core's: a ps-lite application of its own on the fork
+chooses its keys itself (the fork's tests/test_benchmark.cc sends `begin + index`),
+and its "declared key" and partition are then that index's high and low 16 bits.
 """
 from __future__ import annotations
 
