@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.priority import check_nice
 
 

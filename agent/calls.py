@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from agent.bounded import CONNS_MAX
 from agent.endpoints import addr_text
 from agent.netrows import SchedHistory
-from agent.safetext import safe_text
+from core.safetext import safe_text
 from probes.events import (PID_MAX, SOCKCALL_F_ISN_DERIVED, SOCKCALL_F_ISN_EXACT, TIME_NS_MAX, SockCall,
                            SockcallEvent, WalkStart, WalkStop)
 
@@ -185,7 +185,7 @@ class Hunted(int):
 
 
 # The walker's items (events.h struct sockcall_item and its bodies), unpacked with
-# struct: the ctypes mirrors (probes.events, probes.sockcalls.WalkedCall, which this
+# struct: the ctypes mirrors (probes.events, tests/oracles/walker.py's WalkedCall, which this
 # must agree with: tests/unit/test_agent_decode.py) cost ~50 us per call.
 _ITEM = struct.Struct("<BBHI")            # kind, what, len, call_off
 _KEYS = struct.Struct("<IBBHQ")           # scanned_bytes, level, count, pad, mask
@@ -231,7 +231,7 @@ def _check_items(buf: bytes, at: int, end: int) -> None:
 def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
     """(stream view from call offset 0, walked ranges, ends, rx times, sched bodies, window)
     of the items in buf[at:end] (validated by _item_bodies, and read in the same pass).
-    The view and ranges are the same as probes.sockcalls.WalkedCall.stream_view(0) /
+    The view and ranges are the same as tests/oracles/walker.py's WalkedCall.stream_view(0) /
     walked_ranges(), Gap as int, Skip as Skip; ends: {offset: {}} per message end; rx
     times: {offset: struct ns_rx_times}."""
     pieces = []
@@ -357,7 +357,7 @@ def _first(p):
 class SockcallAssembler:
     """sockcalls ring records -> Calls, for either payload format. "items": the
     walker's items joined over the records of a call flagged CONTINUED (as
-    probes.sockcalls.CallAssembler: same thread, same entry time and socket),
+    tests/oracles/walker.py's CallAssembler: same thread, same entry time and socket),
     unpacked here with struct (see _ITEM)."""
 
     def __init__(self, fmt: str):

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 READY_MARK = "ready:"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.errors import UserError
+from core.errors import UserError
 
 MAX_OFFSET_US = 3_600_000_000      # an hour: anything larger is a typo
 MAX_DRIFT_PPM = 10_000.0           # 1%: real oscillators are within a few hundred ppm

@@ -31,7 +31,7 @@ from agent.calls import SockcallAssembler, sockcall_format
 from agent.endpoints import addr_text
 from agent.framework_records import FrameworkDecoder
 from agent.streams import StreamDecoder, stream_row
-from agent.errors import UserError, say
+from core.errors import UserError, say
 from agent.hosts import HostMap, boot_id, clock_discipline, clock_mapping, kernel_info
 from agent.live import UnrecognisedTally
 from agent.netrows import TCP_CLOSE
@@ -296,7 +296,7 @@ class AgentOptions:
 
 def check_prerequisites() -> None:
     """Root, BTF, tracefs: one clear line each."""
-    from agent.errors import require_root
+    from core.errors import require_root
     from probes import tracefs
 
     require_root("pslat agent")

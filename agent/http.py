@@ -36,7 +36,7 @@ from collections import Counter
 from http import HTTPStatus
 from typing import Callable
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.live import EDGES_NS, PER_DECADE, LiveAggregates
 
 DEFAULT_LISTEN = "127.0.0.1:9465"

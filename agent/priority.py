@@ -15,7 +15,7 @@ NICE_MIN, NICE_MAX = -20, 19
 
 
 def check_nice(n: int) -> int:
-    from agent.errors import UserError
+    from core.errors import UserError
 
     if not NICE_MIN <= n <= NICE_MAX:
         raise UserError(f"--nice {n}: give a nice value from {NICE_MIN} to {NICE_MAX} "

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agent.errors import UserError, say
+from core.errors import UserError, say
 from agent.runmeta import MetaError, read_meta_checked
 from agent.safefile import open_regular
 

@@ -224,7 +224,6 @@ class ShedUnits:
         return min(units), max(units)
 
 
-NO_NODE = 2**31 - 1       # ps::Meta::kEmpty: the meta frame does not carry sender/recver (the van sets them)
 SLACK_NS = 100_000_000   # a framework call and its syscalls may straddle a rate change this far apart
 
 
@@ -260,8 +259,7 @@ class FrameworkShedJudge:
             if node is not None:
                 self._ip_of_node.setdefault(node, ip)
         for (_pair, (ip, _port)), node in list(ids.sender_of.items()):
-            if node != NO_NODE:
-                self._ip_of_node.setdefault(node, ip)
+            self._ip_of_node.setdefault(node, ip)
         for (host, _port), node in list(ids.node_of_addr.items()):
             self._ip_of_node.setdefault(node, host)
 
@@ -278,19 +276,13 @@ class FrameworkShedJudge:
                 self._scan(now_ns)
         return None
 
-    @staticmethod
-    def peer_node(fm, tx: bool, peer_id: int | None) -> int | None:
-        """The node at the other end: the routing id (ROUTER side), else the meta's ids."""
-        node = peer_id if peer_id is not None else getattr(fm.meta, "recver" if tx else "sender", None)
-        return None if node == NO_NODE else node
-
     def drop_now(self, fm, tx: bool, peer_id: int | None, now_ns: int) -> bool:
         """On arrival: its pair is known and was shed all the time from ts - SLACK to now."""
         ts = fm.ret_ts_ns
         least, most = self.units.between(ts - SLACK_NS, max(ts, now_ns))
         if least == 0:
             return False
-        h = self._pair_h16(fm.tgid, self.peer_node(fm, tx, peer_id), now_ns)
+        h = self._pair_h16(fm.tgid, peer_id, now_ns)
         return h is not None and h < least
 
     def shed(self, fm, tx: bool, peer_id: int | None, now_ns: int) -> bool:
@@ -299,7 +291,7 @@ class FrameworkShedJudge:
         _least, most = self.units.between(ts - SLACK_NS, ts + SLACK_NS)
         if most == 0:
             return False
-        h = self._pair_h16(fm.tgid, self.peer_node(fm, tx, peer_id), now_ns)
+        h = self._pair_h16(fm.tgid, peer_id, now_ns)
         if h is None:
             self.unresolved += 1
             return True

@@ -12,7 +12,7 @@ MAX_NAME_CHARS, lists cut to their caps). A part that is wrong is left out and
 counted in `skipped` ({"groups": 2, ...}) for the status line; only a value that
 is no snapshot at all (not an object, other histogram edges) is refused whole.
 Strings are kept as sent: control characters and markup are the renderer's to
-neutralise (agent.safetext, rich Text), as they would be in the agent's own
+neutralise (core.safetext, rich Text), as they would be in the agent's own
 snapshot, which carries traced names too.
 """
 from __future__ import annotations

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from agent.delivered import Delivered
-from agent.errors import UserError, say
+from core.errors import UserError, say
 
 Sink = Callable[[str, bytes], None]
 

@@ -15,7 +15,7 @@ names (its own probes), so: snapshots are read by agent.snapshots (every field
 type-checked, wrong parts skipped and said on the status line), fetched in
 threads of their own under a deadline and a size cap per fetch (keys are read
 every KEY_POLL_S whatever an agent does), and every string from them goes into
-rich Text through agent.safetext (never markup, control characters replaced).
+rich Text through core.safetext (never markup, control characters replaced).
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ from typing import List, Optional
 
 import typer
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.live import CLIENT_COMPONENTS, GROUP_OF, GROUPS, SERVER_COMPONENTS, UNSPLIT, merge_snapshots, quantile_ns
-from agent.safetext import safe_text
+from core.safetext import safe_text
 from agent.snapshots import (FETCH_TIMEOUT_S, SnapshotError, fetch_body, parse_json, read_snapshot, read_snapshot_file,
                              skipped_text)
 from agent.units import fmt_bytes

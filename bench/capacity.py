@@ -308,7 +308,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    from agent.errors import require_root
+    from core.errors import require_root
     from workloads.cluster.cluster import Cluster
 
     require_root("bench.capacity")
@@ -363,6 +363,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from agent.errors import run_main
+    from core.errors import run_main
 
     sys.exit(run_main("bench.capacity", main))

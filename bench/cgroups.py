@@ -19,7 +19,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 CONTROLLERS = ("cpuacct", "cpuset")
 

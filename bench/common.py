@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from agent.errors import UserError
+from core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 180       # a compile on 2 busy shared cores can take a minute

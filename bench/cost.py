@@ -758,7 +758,7 @@ def record(ctx: Ctx, path: Path, rate: float, seconds: float) -> dict:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    from agent.errors import require_root
+    from core.errors import require_root
     from bench.cgroups import Groups
     from workloads.cluster.cluster import Cluster
 
@@ -817,6 +817,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from agent.errors import run_main
+    from core.errors import run_main
 
     sys.exit(run_main("bench.cost", main))

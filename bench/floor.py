@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 POLL_S = 0.2
 
@@ -86,7 +86,7 @@ class Floor:
         self.attach_s: float | None = None
 
     def start(self) -> "Floor":
-        from agent.errors import require_root
+        from core.errors import require_root
 
         require_root("bench.floor")
         import bcc
@@ -168,6 +168,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from agent.errors import run_main
+    from core.errors import run_main
 
     run_main("bench.floor", main)

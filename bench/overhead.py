@@ -285,7 +285,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    from agent.errors import require_root
+    from core.errors import require_root
     from workloads.cluster.cluster import Cluster
 
     require_root("bench.overhead")
@@ -320,6 +320,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from agent.errors import run_main
+    from core.errors import run_main
 
     sys.exit(run_main("bench.overhead", main))

@@ -249,6 +249,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from agent.errors import run_main
+    from core.errors import run_main
 
     sys.exit(run_main("bench.report", main))

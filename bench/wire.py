@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.cmd == "blast":
         print(json.dumps(blast(a.ifname, a.dst_mac, a.src_mac, a.seconds)))
         return
-    from agent.errors import require_root
+    from core.errors import require_root
 
     require_root("bench.wire")
     r = measure(a.count, a.blast_s, a.senders, a.psbench_s)
@@ -260,6 +260,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from agent.errors import run_main
+    from core.errors import run_main
 
     run_main("bench.wire", main)

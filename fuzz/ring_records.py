@@ -19,7 +19,7 @@ from pathlib import Path
 from agent.calls import SockcallAssembler
 from agent.framework_records import FrameworkDecoder
 from agent.streams import StreamDecoder
-from agent.safetext import safe_text
+from core.safetext import safe_text
 from agent.sources import read_recording
 from probes.events import NetstackEvent
 

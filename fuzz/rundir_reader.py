@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from rich.console import Console
 
-from agent.errors import UserError
+from core.errors import UserError
 from reports.dissect import dissect
 from reports.load import load
 from reports.render_term import shown

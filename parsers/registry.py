@@ -7,7 +7,9 @@ parser and messages give), one line in PROTOCOLS below, and its kernel framing
 from __future__ import annotations
 
 from parsers.brpc import BrpcStreamParser
+from parsers.brpc.framework import RecordIds as BrpcRecordIds
 from parsers.pslite import PsliteStreamParser, legacy
+from parsers.pslite.framework import PsRecordIds, ZmqRecordIds
 from parsers.pslite.framework import record_facts as pslite_record_facts
 
 from .protocol import UNRECOGNISED
@@ -23,6 +25,11 @@ NAMES = tuple(PROTOCOLS)
 # Records that name their wire message's ids themselves (probes.framework.KeyedMessage:
 # brpc's) need none.
 FRAMEWORK_LAYERS = {"ps": pslite_record_facts, "zmq": pslite_record_facts}
+
+# framework-record layer -> what decodes the ids its records carry (a class; one
+# instance per agent): fill(fields, sock_type, request) sets a record's protocol fields
+# (peer and meta; call_key where keyed: the record is a KeyedMessage)
+FRAMEWORK_RECORD_IDS = {"zmq": ZmqRecordIds, "ps": PsRecordIds, "brpc": BrpcRecordIds}
 
 
 def parser_class(name: str):

@@ -24,7 +24,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 VMLINUX_BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 BTF_MAGIC = 0xEB9F

@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 from typing import Iterable
 
-from agent.errors import UserError
+from core.errors import UserError
 
 _ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")   # e_ident .. e_shstrndx
 _SECTION = struct.Struct("<IIQQQQIIQQ")            # sh_name .. sh_entsize

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 COMM_BYTES = 16  # TASK_COMM_LEN, NUL included
 NETNS_DIR = Path("/run/netns")  # where `ip netns add` puts named namespaces

@@ -6,14 +6,15 @@ Uprobes (probes/framework.bpf.c) on
   socket into a message (it ends at a frame sent without ZMQ_SNDMORE /
   received without "more") and sends one event per message: each frame's size
   and first bytes, read through the zmq_msg_t layout calibrated on that very
-  library (probes/zmq_layout.py), so the PBMeta frame of ps-lite traffic is
-  decoded to its ids and the record can be matched to a wire message exactly.
+  library (probes/zmq_layout.py), so the PBMeta frame of ps-lite traffic can be
+  decoded to its ids (parsers/pslite/framework.py) and the record matched to a wire
+  message exactly.
   A message of more than MAX_FRAMES frames, or one whose frames are interleaved
   with another socket's on the same thread, comes in pieces (events with
   "more" set) that user space joins per (thread, socket, direction).
 - ps-lite inside libmxnet.so: ps::ZMQVan::SendMsg entry/return and
   ps::ZMQVan::RecvMsg entry/return. One event per message; the ids come from
-  the leading fields of ps::Meta (PS_META_FORMAT).
+  the leading fields of ps::Meta (decoded in parsers/pslite/framework.py).
 - brpc's baidu_std protocol inside Paddle's libpaddle.so: PackRpcRequest and
   Controller::OnVersionedRPCReturned (client: request out, response back),
   ProcessRpcRequest and SendRpcResponse (server: request in, response out), entry
@@ -21,7 +22,8 @@ Uprobes (probes/framework.bpf.c) on
   framework boundary"): a KeyedMessage names its wire message's ids itself.
 
 Its own bcc object for now (independent of the syscall probe); records are
-plain dataclasses so everything downstream runs without root.
+plain dataclasses so everything downstream runs without root. What the probe knows of
+each kind of event is KINDS; agent/framework_records.py decodes the ring's records.
 """
 from __future__ import annotations
 
@@ -30,13 +32,11 @@ import enum
 import os
 import re
 import struct
-from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from agent.errors import UserError
-from parsers.pslite.meta import PBMeta, is_node_identity, node_id_of_identity
+from core.errors import UserError
 from probes import libtrust
 from probes.elf_symbols import defined_functions
 from probes.zmq_layout import ZmqMsgLayout, calibrate
@@ -48,8 +48,6 @@ MAX_FRAMES = 8                # frames one event carries (ps-lite sends at most 
 DEFAULT_RINGBUF_PAGES = 256   # 1 MiB: ~2300 ps-lite messages of 4-5 frames (~450 bytes each)
 # Slots of (thread, kind), ~670 bytes each, preallocated (LRU): 5.5 MB.
 DEFAULT_INFLIGHT_MAX = 8192
-ZMQ_DEALER, ZMQ_ROUTER = 5, 6   # public libzmq socket type numbers
-ROUTING_ID_MAX_BYTES = 255      # libzmq refuses longer routing ids
 
 
 class Kind(enum.IntEnum):
@@ -126,15 +124,28 @@ POINTS = {
                     "PKNS_6ServerEPNS_12MethodStatusEl", "brpc_server_send", None),
     ),
 }
-_BRPC_KINDS = {Kind.BRPC_CLIENT_SEND: ("send", True), Kind.BRPC_CLIENT_RECV: ("recv", False),
-               Kind.BRPC_SERVER_RECV: ("recv", True), Kind.BRPC_SERVER_SEND: ("send", False)}
 
-# ps::Meta as in the ps-lite MXNet 1.9 ships: int head, app_id, customer_id,
-# timestamp, sender, recver; bool request, push, simple_app (then the body
-# string, whose layout depends on the C++ ABI: not read). Verified on a real
-# kvstore by tests/privileged/test_framework_probe_mxnet.py.
-PS_META_FORMAT = "<6i3?"
-PS_META_EMPTY = 2**31 - 1    # ps::Meta::kEmpty (std::numeric_limits<int>::max())
+
+@dataclass(frozen=True)
+class KindFacts:
+    """What an event of one kind is, for its decoder (agent/framework_records.py)."""
+    layer: str                  # the POINTS entry whose hooks send it
+    shape: str                  # "frames": a message's frames, in pieces (more set) up to the
+                                # last; "call": one event per message, ret its bytes and heads[0]
+                                # the start of its meta; "entry": one end of an RPC, at a
+                                # function's entry; "socket": a new socket, arg its type
+    direction: str | None = None        # "send" or "recv"
+    request: bool | None = None         # "entry": a request's end, or a response's
+
+
+KINDS = {Kind.ZMQ_SEND: KindFacts("zmq", "frames", "send"),
+         Kind.ZMQ_RECV: KindFacts("zmq", "frames", "recv"),
+         Kind.ZMQ_SOCKET: KindFacts("zmq", "socket"),
+         Kind.PS_SEND: KindFacts("ps", "call", "send"), Kind.PS_RECV: KindFacts("ps", "call", "recv"),
+         Kind.BRPC_CLIENT_SEND: KindFacts("brpc", "entry", "send", True),
+         Kind.BRPC_CLIENT_RECV: KindFacts("brpc", "entry", "recv", False),
+         Kind.BRPC_SERVER_RECV: KindFacts("brpc", "entry", "recv", True),
+         Kind.BRPC_SERVER_SEND: KindFacts("brpc", "entry", "send", False)}
 
 _LIB_PATTERNS = {"zmq": re.compile(r"^libzmq[-.].*\.so"), "ps": re.compile(r"^libmxnet\.so$"),
                  "brpc": re.compile(r"^libpaddle\.so$")}
@@ -231,22 +242,6 @@ def decode_event(raw: bytes) -> FrameCall:
 
 
 @dataclass(frozen=True)
-class MetaIds:
-    """The ids of a ps-lite message. None: not present (or cut off by the capture)."""
-    app_id: int | None
-    customer_id: int | None
-    timestamp: int | None
-    request: bool | None
-    push: bool | None
-    head: int | None = None
-    control_cmd: int | None = None   # ps::Control::Command when a control message
-    simple_app: bool | None = None
-    sender: int | None = None
-    recver: int | None = None
-    truncated: bool = False          # the meta frame was longer than the capture
-
-
-@dataclass(frozen=True)
 class FrameworkMessage:
     """One message at the framework boundary."""
     layer: str                 # "zmq" (libzmq calls), "ps" (ps::ZMQVan) or "brpc"
@@ -261,7 +256,7 @@ class FrameworkMessage:
     total_bytes: int
     frames: int | None         # zmq frames (None at the ps layer)
     peer: bytes | None = None  # ROUTER routing id (recv: who sent it; send: to whom)
-    meta: MetaIds | None = None
+    meta: object = None        # the ids its layer's protocol decoded (parsers.registry.FRAMEWORK_RECORD_IDS)
     frame_sizes: tuple[int, ...] = ()
     frame_heads: tuple[bytes, ...] = ()  # first bytes of each frame (ps: of ps::Meta)
 
@@ -272,175 +267,6 @@ class KeyedMessage(FrameworkMessage):
     correlation id): call_key is (call_space, call_id, request) as parsers/protocol.py
     gives them for that message. meta is None."""
     call_key: tuple = (None, None, None)
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int] | None:
-    value = shift = 0
-    while pos < len(buf) and shift < 64:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-    return None
-
-
-def _whole_fields_prefix(buf: bytes) -> int:
-    """Length of the longest prefix of buf made of whole protobuf fields."""
-    pos = end = 0
-    while pos < len(buf):
-        got = _varint(buf, pos)
-        if got is None:
-            break
-        key, pos = got
-        wire_type = key & 7
-        if wire_type == 0:
-            got = _varint(buf, pos)
-            if got is None:
-                break
-            pos = got[1]
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-        elif wire_type == 2:
-            got = _varint(buf, pos)
-            if got is None:
-                break
-            pos = got[1] + got[0]
-        else:
-            break
-        if pos > len(buf):
-            break
-        end = pos
-    return end
-
-
-def decode_pbmeta(head: bytes, size: int) -> MetaIds | None:
-    """Ids from a PBMeta frame of `size` bytes whose first len(head) bytes were captured.
-
-    A cut-off frame (control messages carry node lists) is decoded up to its
-    last whole field; ids after the cut are None. None if it is not a PBMeta.
-    """
-    truncated = size > len(head)
-    data = head[:_whole_fields_prefix(head)] if truncated else head
-    try:
-        pb = PBMeta.FromString(data)
-    except Exception:  # protobuf's DecodeError, or worse on garbage
-        return None
-    if not data or pb.ListFields() == []:
-        return None
-
-    def opt(name):
-        return getattr(pb, name) if pb.HasField(name) else None
-
-    return MetaIds(app_id=opt("app_id"), customer_id=opt("customer_id"),
-                   timestamp=opt("timestamp"), request=opt("request"), push=opt("push"),
-                   head=opt("head"), simple_app=opt("simple_app"),
-                   control_cmd=pb.control.cmd if pb.HasField("control") else None,
-                   truncated=truncated)
-
-
-def decode_ps_meta(head: bytes) -> MetaIds | None:
-    """Ids from the leading bytes of a ps::Meta (PS_META_FORMAT)."""
-    if len(head) < struct.calcsize(PS_META_FORMAT):
-        return None
-    hd, app, cust, ts, sender, recver, request, push, simple = struct.unpack_from(
-        PS_META_FORMAT, head)
-
-    def opt(v):
-        return None if v == PS_META_EMPTY else v
-
-    return MetaIds(app_id=opt(app), customer_id=opt(cust), timestamp=opt(ts), request=request,
-                   push=push, head=opt(hd), simple_app=simple, sender=opt(sender),
-                   recver=opt(recver))
-
-
-def _looks_like_routing_id(head: bytes, size: int) -> bool:
-    """A ROUTER's routing-id frame, told apart from a PBMeta without knowing the socket type.
-
-    ps-lite names its DEALERs "ps<node id>"; libzmq generates 5-byte ids
-    starting with a zero byte. A PBMeta starts with a field tag: never 0x00
-    (invalid tag), never "p" (field 14, not in PBMeta).
-    """
-    if size > ROUTING_ID_MAX_BYTES or not head:
-        return False
-    return is_node_identity(head) or (size == 5 and head[0] == 0)
-
-
-class MessageAssembler:
-    """Ring events -> framework messages (pure: unit-tested on hand-made events)."""
-
-    def __init__(self) -> None:
-        self._open: dict[tuple, list[FrameCall]] = defaultdict(list)
-        self._sock_types: dict[tuple[int, int], int] = {}
-        self.sockets = 0   # zmq_socket events seen
-
-    @property
-    def open_messages(self) -> int:
-        """Messages with pieces seen but not their last one (yet)."""
-        return len(self._open)
-
-    def feed(self, call: FrameCall) -> FrameworkMessage | None:
-        if call.kind == Kind.ZMQ_SOCKET:
-            self._sock_types[(call.tgid, call.sock)] = call.arg
-            self.sockets += 1
-            return None
-        if call.kind in (Kind.PS_SEND, Kind.PS_RECV):
-            return self._ps_message(call)
-        if call.kind in _BRPC_KINDS:
-            return self._brpc_message(call)
-        direction = "send" if call.kind == Kind.ZMQ_SEND else "recv"
-        key = (call.tgid, call.tid, call.sock, direction)
-        pieces = self._open[key]
-        pieces.append(call)
-        if call.more:
-            return None
-        del self._open[key]
-        return self._zmq_message(direction, pieces)
-
-    def _zmq_message(self, direction: str, pieces: list[FrameCall]) -> FrameworkMessage:
-        first, last = pieces[0], pieces[-1]
-        sizes = tuple(s for p in pieces for s in p.sizes)
-        heads = tuple(h for p in pieces for h in p.heads)
-        sock_type = self._sock_types.get((first.tgid, first.sock))
-        peer, at = None, 0
-        if len(sizes) >= 2 and (sock_type == ZMQ_ROUTER or (
-                sock_type is None and _looks_like_routing_id(heads[0], sizes[0]))):
-            peer, at = heads[0], 1
-        meta = decode_pbmeta(heads[at], sizes[at]) if at < len(sizes) else None
-        if meta is not None and peer is not None and direction == "recv":
-            meta = _with_sender(meta, node_id_of_identity(peer))
-        return FrameworkMessage(
-            layer="zmq", direction=direction, tgid=first.tgid, tid=first.tid, sock=first.sock,
-            ts_ns=first.ts_ns if direction == "send" else last.ret_ts_ns,
-            call_ts_ns=first.ts_ns, ret_ts_ns=last.ret_ts_ns,
-            first_ret_ts_ns=first.first_ret_ts_ns, total_bytes=sum(sizes), frames=len(sizes),
-            peer=peer, meta=meta, frame_sizes=sizes, frame_heads=heads)
-
-    @staticmethod
-    def _ps_message(call: FrameCall) -> FrameworkMessage:
-        direction = "send" if call.kind == Kind.PS_SEND else "recv"
-        head = call.heads[0] if call.heads else b""
-        return FrameworkMessage(
-            layer="ps", direction=direction, tgid=call.tgid, tid=call.tid, sock=call.sock,
-            ts_ns=call.ts_ns if direction == "send" else call.ret_ts_ns,
-            call_ts_ns=call.ts_ns, ret_ts_ns=call.ret_ts_ns, first_ret_ts_ns=call.ret_ts_ns,
-            total_bytes=call.ret, frames=None, meta=decode_ps_meta(head), frame_heads=(head,))
-
-    @staticmethod
-    def _brpc_message(call: FrameCall) -> KeyedMessage:
-        direction, request = _BRPC_KINDS[call.kind]
-        # the wire's correlation_id is an int64; the probe reads its 64 bits unsigned
-        cid = call.sock - (1 << 64) if call.sock >= 1 << 63 else call.sock
-        return KeyedMessage(
-            layer="brpc", direction=direction, tgid=call.tgid, tid=call.tid, sock=call.sock,
-            ts_ns=call.ts_ns, call_ts_ns=call.ts_ns, ret_ts_ns=call.ret_ts_ns,
-            first_ret_ts_ns=call.first_ret_ts_ns, total_bytes=0, frames=None,
-            call_key=(None, cid, request))
-
-
-def _with_sender(meta: MetaIds, sender: int | None) -> MetaIds:
-    return replace(meta, sender=sender) if sender is not None else meta
 
 
 # --- the live probe ------------------------------------------------------------------------
@@ -457,10 +283,12 @@ def _check_int(name: str, value, lo: int, hi: int) -> int:
 
 
 class FrameworkProbe:
-    """Uprobes on the given targets; poll() returns the framework messages seen since."""
+    """Uprobes on the given targets; poll() returns the records seen since, each through
+    decoder.feed (agent.framework_records.FrameworkDecoder: the messages it completed)
+    where one is given, else as the ring's bytes."""
 
     def __init__(self, targets: Sequence[Target], *, ringbuf_pages: int = DEFAULT_RINGBUF_PAGES,
-                 inflight_max: int = DEFAULT_INFLIGHT_MAX) -> None:
+                 inflight_max: int = DEFAULT_INFLIGHT_MAX, decoder=None) -> None:
         if not targets:
             raise UserError("no framework library to trace; give a pid that loads libzmq, "
                             "libmxnet.so or libpaddle.so, or a library path")
@@ -480,8 +308,8 @@ class FrameworkProbe:
             _check_int(name, value, 0, 1 << 20)
         self._bpf = None
         self._exports_checked: set[tuple[Path, str]] = set()
-        self._out: list[FrameworkMessage] = []
-        self.assembler = MessageAssembler()
+        self._out: list = []
+        self.decoder = decoder
         self.decoded = 0
 
     @staticmethod
@@ -548,19 +376,19 @@ class FrameworkProbe:
         self._exports_checked.add(key)
 
     def _on_event(self, ctx, data, size) -> None:
-        call = decode_event(ctypes.string_at(data, size))
+        raw = ctypes.string_at(data, size)
         self.decoded += 1
-        msg = self.assembler.feed(call)
+        msg = self.decoder.feed(raw) if self.decoder is not None else raw
         if msg is not None:
             self._out.append(msg)
 
-    def poll(self, timeout_ms: int = 100) -> list[FrameworkMessage]:
+    def poll(self, timeout_ms: int = 100) -> list:
         """Messages completed since the last poll, waiting up to timeout_ms for the first."""
         self._bpf.ring_buffer_poll(timeout_ms)
         out, self._out = self._out, []
         return out
 
-    def drain(self) -> list[FrameworkMessage]:
+    def drain(self) -> list:
         """Whatever is in the ring buffer now, without waiting."""
         self._bpf.ring_buffer_consume()
         out, self._out = self._out, []
@@ -571,7 +399,8 @@ class FrameworkProbe:
         table = self._bpf[b"counters"]
         out = {name: int(sum(table[table.Key(i)])) for i, name in enumerate(COUNTERS)}
         out["decoded"] = self.decoded
-        out["open_messages"] = self.assembler.open_messages
+        if self.decoder is not None:
+            out["open_messages"] = self.decoder.open_messages
         return out
 
     def close(self) -> None:

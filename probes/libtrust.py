@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 
 def _process_euid(pid: int) -> int | None:

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Callable
 
-from agent.errors import UserError
+from core.errors import UserError
 from probes.filters import Filters
 from probes.program import GeneratedProgram, generate
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 from probes import btf as btfmod
 from probes import tracefs
 from probes.declare import COMMON_KERNEL_FIELDS, PROBES_DIR, Probe

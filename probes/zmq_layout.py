@@ -36,7 +36,7 @@ import struct
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 from probes import sandbox
 
 MSG_T_BYTES = 64          # sizeof(zmq_msg_t) in every libzmq since 4.1 (public ABI)

@@ -5,7 +5,7 @@ import sys
 
 import typer
 
-from agent.errors import UserError, say
+from core.errors import UserError, say
 
 app = typer.Typer(
     name="pslat",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from agent.errors import UserError, require_root
+from core.errors import UserError, require_root
 
 
 def demo(

@@ -21,7 +21,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-from agent.errors import UserError
+from core.errors import UserError
 from reports import components as C
 from reports.findings import NO_AGGREGATION, agent_writers, agents, aggregation_removes_nothing, pct, us
 from reports.html_template import PAGE

@@ -30,12 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.records import CLOCK_SAMPLES_SCHEMA, CONNECTIONS_SCHEMA, MESSAGES_SCHEMA, STREAMS_SCHEMA
 from agent.rundir import META_FILE, SHARD_SUFFIX
 from agent.runmeta import TIME_LIMIT_NS, MetaError, read_meta_checked
 from agent.safefile import NotRegularFile, open_regular
-from agent.safetext import safe_text
+from core.safetext import safe_text
 from parsers.registry import LEGACY_MESSAGE_COLUMNS, upgrade_messages
 
 TABLE = "messages"

@@ -21,7 +21,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from agent.safetext import safe_text
+from core.safetext import safe_text
 from reports import components as C
 
 GROUP_LABELS = {"host": "host (user + kernel)", "nic": "nic", "wire": "wire",
@@ -30,7 +30,7 @@ GROUP_LABELS = {"host": "host (user + kernel)", "nic": "nic", "wire": "wire",
 
 def shown(value: Any) -> Any:
     """A view model made safe for a terminal: every string in it, keys too, through
-    agent.safetext.safe_text (numbers and the structure as they are)."""
+    core.safetext.safe_text (numbers and the structure as they are)."""
     if isinstance(value, str):
         return safe_text(value)
     if isinstance(value, dict):

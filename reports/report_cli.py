@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from agent.errors import UserError
-from agent.safetext import safe_text
+from core.errors import UserError
+from core.safetext import safe_text
 
 FORMATS = ("term", "json", "parquet", "csv", "html", "trace")
 EXTENSIONS = {".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".txt": "term",

@@ -40,7 +40,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agent.errors import UserError
+from core.errors import UserError
 from reports import components as C
 from reports.extra import RunContext
 from reports.load import nullable
@@ -386,5 +386,5 @@ def _main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from agent.errors import run_main
+    from core.errors import run_main
     run_main("python -m reports.trace", _main, sys.argv[1:])

@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 
 @dataclass(frozen=True)

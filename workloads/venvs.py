@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 SYS_PYTHON = "/usr/bin/python3"   # the distro's Python, as the setup scripts use
 STAMP_FILE = ".pslat-stamp"

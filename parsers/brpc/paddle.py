@@ -42,6 +42,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from parsers.protowire import varint
+
 from .rpcmeta import build_messages, text_of
 
 PS_SERVICE = "paddle.distributed.PsService"
@@ -148,19 +150,6 @@ def cmd_of(cmd_id: int | None) -> tuple[str | None, str]:
 
 
 # ---------------------------------------------------------------- walking fields
-def _varint(buf, i: int, end: int):
-    """(value, next index) of the varint at buf[i], or None if it is cut or too long."""
-    value = shift = 0
-    while i < end and shift < 70:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, i
-        shift += 7
-    return None
-
-
 def _int32(v: int) -> int:
     """A varint as protobuf's int32 reads it (negative ones are sent as 10 bytes)."""
     v &= 0xFFFFFFFF
@@ -186,7 +175,7 @@ def _walk_fields(buf, end: int):
     (None, None, why) and stops."""
     i = 0
     while i < end:
-        got = _varint(buf, i, end)
+        got = varint(buf, i, end)
         if got is not None:
             tag, i = got
             number, wire = tag >> 3, tag & 7
@@ -196,7 +185,7 @@ def _walk_fields(buf, end: int):
                     yield number, wire, None
                     continue
             elif wire in (0, 2):
-                got = _varint(buf, i, end)
+                got = varint(buf, i, end)
                 if got is not None:
                     value, i = got
                     yield number, wire, value if wire == 0 else (i, value)

@@ -16,6 +16,11 @@ What must agree, for ps-lite:
   hashes below the sample's largest hash must be in the sample.
 The peer: a ROUTER's routing id "ps<id>" names the sending node (zmq layer); at the
 ps layer the meta names sender and receiver.
+
+Decoding the record's bytes is here too: the probe copies the first CAPTURE_BYTES of
+each frame (or of ps::Meta) and knows nothing of ps-lite; the ids of the meta (a
+PBMeta frame, or ps::Meta's leading ints) and which frame is a routing id are
+ps-lite's and ZMQ's facts.
 """
 from __future__ import annotations
 
@@ -25,9 +30,191 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parsers.keysample import key_hash
+from parsers.protowire import varint
 
 from .message import call_space_of
-from .meta import node_id_of_identity
+from .meta import PBMeta, is_node_identity, node_id_of_identity
+
+ZMQ_DEALER, ZMQ_ROUTER = 5, 6   # public libzmq socket type numbers
+ROUTING_ID_MAX_BYTES = 255      # libzmq refuses longer routing ids
+# ps::Meta as in the ps-lite MXNet 1.9 ships: int head, app_id, customer_id,
+# timestamp, sender, recver; bool request, push, simple_app (then the body
+# string, whose layout depends on the C++ ABI: not read). Verified on a real
+# kvstore by tests/privileged/test_framework_probe_mxnet.py.
+PS_META_FORMAT = "<6i3?"
+PS_META_EMPTY = 2**31 - 1    # ps::Meta::kEmpty (std::numeric_limits<int>::max())
+_PS_META_BYTES = struct.calcsize(PS_META_FORMAT)
+
+
+# ---- a record's bytes -> its ids ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class MetaIds:
+    """The ids of a ps-lite message. None: not present (or cut off by the capture)."""
+    app_id: int | None
+    customer_id: int | None
+    timestamp: int | None
+    request: bool | None
+    push: bool | None
+    head: int | None = None
+    control_cmd: int | None = None   # ps::Control::Command when a control message
+    simple_app: bool | None = None
+    sender: int | None = None
+    recver: int | None = None
+    truncated: bool = False          # the meta frame was longer than the capture
+
+    def with_sender(self, sender: int) -> "MetaIds":
+        """These ids with the sender set (dataclasses.replace without its per-call field
+        introspection: once per received framework record)."""
+        obj = object.__new__(MetaIds)
+        obj.__dict__.update(self.__dict__)
+        obj.__dict__["sender"] = sender
+        return obj
+
+
+def _whole_fields_prefix(buf: bytes) -> int:
+    """Length of the longest prefix of buf made of whole protobuf fields."""
+    pos = end = 0
+    while pos < len(buf):
+        got = varint(buf, pos, len(buf))
+        if got is None:
+            break
+        key, pos = got
+        wire_type = key & 7
+        if wire_type == 0:
+            got = varint(buf, pos, len(buf))
+            if got is None:
+                break
+            pos = got[1]
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+        elif wire_type == 2:
+            got = varint(buf, pos, len(buf))
+            if got is None:
+                break
+            pos = got[1] + got[0]
+        else:
+            break
+        if pos > len(buf):
+            break
+        end = pos
+    return end
+
+
+def decode_pbmeta(head: bytes, size: int) -> MetaIds | None:
+    """Ids from a PBMeta frame of `size` bytes whose first len(head) bytes were captured.
+
+    A cut-off frame (control messages carry node lists) is decoded up to its
+    last whole field; ids after the cut are None. None if it is not a PBMeta.
+    """
+    truncated = size > len(head)
+    data = head[:_whole_fields_prefix(head)] if truncated else head
+    try:
+        pb = PBMeta.FromString(data)
+    except Exception:  # protobuf's DecodeError, or worse on garbage
+        return None
+    if not data or pb.ListFields() == []:
+        return None
+
+    def opt(name):
+        return getattr(pb, name) if pb.HasField(name) else None
+
+    return MetaIds(app_id=opt("app_id"), customer_id=opt("customer_id"),
+                   timestamp=opt("timestamp"), request=opt("request"), push=opt("push"),
+                   head=opt("head"), simple_app=opt("simple_app"),
+                   control_cmd=pb.control.cmd if pb.HasField("control") else None,
+                   truncated=truncated)
+
+
+def decode_ps_meta(head: bytes) -> MetaIds | None:
+    """Ids from the leading bytes of a ps::Meta (PS_META_FORMAT)."""
+    if len(head) < _PS_META_BYTES:
+        return None
+    hd, app, cust, ts, sender, recver, request, push, simple = struct.unpack_from(PS_META_FORMAT, head)
+
+    def opt(v):
+        return None if v == PS_META_EMPTY else v
+
+    return MetaIds(app_id=opt(app), customer_id=opt(cust), timestamp=opt(ts), request=request,
+                   push=push, head=opt(hd), simple_app=simple, sender=opt(sender),
+                   recver=opt(recver))
+
+
+def routing_id_frames(sock_type: int | None, sizes, heads) -> int:
+    """How many of a zmq message's first frames are a ROUTER's routing id (0 or 1).
+
+    By the socket's type where its zmq_socket was seen; otherwise told apart from a
+    PBMeta by its bytes: ps-lite names its DEALERs "ps<node id>", libzmq generates
+    5-byte ids starting with a zero byte, and a PBMeta starts with a field tag:
+    never 0x00 (invalid tag), never "p" (field 14, not in PBMeta).
+    """
+    if len(sizes) < 2:
+        return 0
+    if sock_type is not None:
+        return 1 if sock_type == ZMQ_ROUTER else 0
+    size, head = sizes[0], heads[0]
+    if size > ROUTING_ID_MAX_BYTES or not head:
+        return 0
+    return 1 if is_node_identity(head) or (size == 5 and head[0] == 0) else 0
+
+
+_MISSING = object()
+META_CACHE_MAX = 4096  # meta frames decoded, kept until both ends' records came (cleared when full)
+
+
+class ZmqRecordIds:
+    """The ids of a record of the zmq layer (a message's frames): a ROUTER's routing id
+    is the peer; the meta frame (PBMeta) after it gives the ids, with the sender taken
+    from a received message's routing id. Decoded once per distinct meta frame: the
+    sender's and the receiver's records of one message carry the same one (one agent per
+    kernel sees both), and MetaIds is immutable."""
+    keyed = False
+
+    def __init__(self) -> None:
+        self._metas: dict[tuple, MetaIds | None] = {}
+        self._nodes: dict[bytes, int | None] = {}   # routing id -> node id
+        # routing ids named as ps-lite's ("ps<digits>") whose node id does not fit the
+        # sender column (int32): refused, counted (meta.json's framework_values_rejected)
+        self.values_rejected = 0
+
+    def fill(self, fields: dict, sock_type: int | None, request: bool | None) -> None:
+        sizes, heads = fields["frame_sizes"], fields["frame_heads"]
+        at = routing_id_frames(sock_type, sizes, heads)
+        peer = fields["peer"] = heads[0] if at else None
+        if at >= len(sizes):
+            fields["meta"] = None
+            return
+        key = (heads[at], sizes[at])
+        meta = self._metas.get(key, _MISSING)
+        if meta is _MISSING:
+            if len(self._metas) >= META_CACHE_MAX:
+                self._metas.clear()
+            meta = self._metas[key] = decode_pbmeta(*key)
+        if meta is not None and peer is not None and fields["direction"] == "recv":
+            node = self._nodes.get(peer, _MISSING)
+            if node is _MISSING:
+                if len(self._nodes) >= META_CACHE_MAX:
+                    self._nodes.clear()
+                node = self._nodes[peer] = node_id_of_identity(peer)
+                if node is None and is_node_identity(peer):
+                    self.values_rejected += 1
+            if node is not None:
+                meta = meta.with_sender(node)
+        fields["meta"] = meta
+
+
+class PsRecordIds:
+    """The ids of a record of the ps layer: the leading fields of ps::Meta."""
+    keyed = False
+    values_rejected = 0   # its ids are int32 as the meta gives them
+
+    @staticmethod
+    def fill(fields: dict, sock_type: int | None, request: bool | None) -> None:
+        heads = fields["frame_heads"]
+        fields["meta"] = decode_ps_meta(heads[0]) if heads else None
+
+
+# ---- a record and its wire message --------------------------------------------------------
 
 
 def zmtp_bytes(frame_sizes) -> int:
@@ -41,7 +228,7 @@ class RecordFacts:
     ids: tuple                 # (call_space, call_id, request): the wire message's
     peer_id: int | None        # the peer's node id, when the record names it
     head_keys: tuple           # the keys frame's first keys, as the record copied them
-    meta: object               # its MetaIds (probes.framework)
+    meta: MetaIds
     wire_bytes: int | None     # the message's ZMTP bytes (zmq layer), else None
     head_key_set: frozenset = field(init=False)
 

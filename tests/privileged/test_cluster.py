@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.cluster import netns, state
 from workloads.cluster.cluster import Cluster
 

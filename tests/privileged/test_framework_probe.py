@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.framework_records import FrameworkDecoder
 from probes.framework import FrameworkProbe, targets_of_pid
 
 pytestmark = pytest.mark.privileged
@@ -189,7 +190,7 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
     assert child.line() == "ready"
     targets = targets_of_pid(child.proc.pid)
     assert [t.layer for t in targets] == ["zmq"]
-    with FrameworkProbe(targets) as probe:
+    with FrameworkProbe(targets, decoder=FrameworkDecoder()) as probe:
         child.say("go")
         log = []
         while (line := child.line()) != "done":
@@ -197,7 +198,7 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
         assert child.proc.wait(timeout=CHILD_TIMEOUT_S) == 0
         records = probe.poll(0) + probe.drain()
         counters = probe.counters()
-        sockets = probe.assembler.sockets
+        sockets = probe.decoder.sockets
 
     # One ring event per message (the kernel joins the frames), or per new socket.
     assert counters["seen"] == len(records) + sockets and counters["pieces"] == 0
@@ -242,7 +243,7 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
 def test_long_and_interleaved_messages_come_in_pieces_and_join_whole(child_factory):
     child = child_factory(PIECES)
     assert child.line() == "ready"
-    with FrameworkProbe(targets_of_pid(child.proc.pid)) as probe:
+    with FrameworkProbe(targets_of_pid(child.proc.pid), decoder=FrameworkDecoder()) as probe:
         child.say("go")
         log = []
         while (line := child.line()) != "done":
@@ -268,7 +269,8 @@ def test_uprobe_cost_per_send_call(child_factory, capsys):
     word, plain_ns, sock = child.line().split()
     assert word == "plain"
     # Room for every event: nothing polls while the child runs, so the loop is undisturbed.
-    with FrameworkProbe(targets_of_pid(child.proc.pid), ringbuf_pages=4096) as probe:
+    with FrameworkProbe(targets_of_pid(child.proc.pid), ringbuf_pages=4096,
+                        decoder=FrameworkDecoder()) as probe:
         child.say("go")
         word, probed_ns = child.line().split()
         assert child.proc.wait(timeout=CHILD_TIMEOUT_S) == 0

@@ -1,6 +1,7 @@
 """The framework-boundary probe on MXNet's real ps-lite (libmxnet.so, mxnet==1.9.1):
 ps::ZMQVan::SendMsg / RecvMsg read on a dist_async kvstore (scheduler, 1 server, 1 worker
-on loopback), verifying the ps::Meta layout the probe assumes (PS_META_FORMAT)."""
+on loopback), verifying the ps::Meta layout the decoder assumes (PS_META_FORMAT in
+parsers/pslite/framework.py)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.framework_records import FrameworkDecoder
 from probes.framework import FrameworkProbe, Target
 
 pytestmark = [pytest.mark.privileged, pytest.mark.mxnet]
@@ -56,7 +58,7 @@ def test_ps_lite_van_calls_carry_sane_ids(mxnet_python, tmp_path):
                OMP_NUM_THREADS="1")
     # Attached to the library itself (every process that maps it), before the
     # processes start: the registration messages are the first ones they send.
-    with FrameworkProbe([Target(lib, "ps")]) as probe:
+    with FrameworkProbe([Target(lib, "ps")], decoder=FrameworkDecoder()) as probe:
         procs = {}
         for role in ("scheduler", "server", "worker"):
             cmd = [str(mxnet_python), "-c", WORKER_SCRIPT if role == "worker" else "import mxnet"]

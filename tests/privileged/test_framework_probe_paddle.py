@@ -25,6 +25,7 @@ import pytest
 from test_paddle_job import paddle_venv  # noqa: F401  (the venv, or a skip CI turns into a failure)
 
 from parsers.brpc import BrpcStreamParser
+from agent.framework_records import FrameworkDecoder
 from probes.framework import FrameworkProbe, targets_of_pid
 from workloads.cluster.cluster import Cluster
 from workloads.paddle import capture, runner
@@ -69,7 +70,7 @@ def test_brpc_ends_carry_the_wires_correlation_ids(tmp_path, paddle_venv):  # no
             targets = [t for pid in pids.values() for t in targets_of_pid(pid) if t.layer == "brpc"]
             assert sorted(t.pid for t in targets) == sorted(pids.values()), targets
             t0 = time.monotonic()
-            with FrameworkProbe(targets) as probe:
+            with FrameworkProbe(targets, decoder=FrameworkDecoder()) as probe:
                 attach_s = time.monotonic() - t0
                 job.release()
                 t_release_ns = time.monotonic_ns()

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.cluster.cluster import Cluster
 from workloads.mxnet import oplog, runner, venv
 

@@ -434,7 +434,7 @@ def first_calls_copied(log: list[dict]) -> list[dict]:
 
 def raw_prefix(ev) -> bytes:
     """The call's bytes the probe carried, contiguous from its first byte."""
-    from probes.sockcalls import WalkedCall
+    from oracles.walker import WalkedCall
 
     out = b""
     for off, data, _what in WalkedCall(ev, ev.items()).pieces():

@@ -5,7 +5,7 @@ loopback has MTU 1500, so a 100 KB message is 70 segments) exchange
 ps-lite-shaped messages (parsers/pslite/encode.py): bursts of small ones (many
 per 8 KiB libzmq batch, headers split across calls) and large ones (100 KB of
 keys, values and lens). From the probe's records alone -- captured bytes,
-Skip and Gap, as probes.sockcalls.WalkedCall.stream_view gives them -- the
+Skip and Gap, as oracles.walker.WalkedCall.stream_view gives them -- the
 ps-lite parser must rebuild exactly the messages the app sent, on both ends
 (ids from the meta frame, key counts from the keys frame's size), every
 message end's TCP sequence must be where the app's byte counts put it, every
@@ -220,7 +220,7 @@ class Capture:
     """The probe's records, assembled into calls."""
 
     def __init__(self, prog):
-        from probes.sockcalls import CallAssembler
+        from oracles.walker import CallAssembler
 
         self.prog = prog
         self.calls = []
@@ -255,7 +255,7 @@ class Direction:
 
     def __init__(self, first_call, mid_stream: bool = False):
         from parsers.pslite import PsliteStreamParser
-        from probes.sockcalls import StreamOffsets
+        from oracles.walker import StreamOffsets
 
         self.offsets = StreamOffsets()
         self.first_offset = self.offsets.offset_of(first_call.event)
@@ -265,7 +265,7 @@ class Direction:
         self.messages = []
 
     def add(self, call) -> list:
-        from probes.sockcalls import feed_parser
+        from oracles.walker import feed_parser
 
         if call.walkable_bytes == 0:
             return []
@@ -335,10 +335,10 @@ def expected_timestamp(frames: list[bytes]) -> int:
 
 def check_key_samples(d: Direction, sent: list[list[bytes]], msg_starts: list[int]) -> int:
     """Every KEYS item: the sampled keys are exactly the hash-chosen keys of the
-    stretch it hashed (Python's rule, probes.sockcalls.key_sampled, against the
+    stretch it hashed (Python's rule, oracles.walker.key_sampled, against the
     kernel's), the copied ones the first of them. Returns keys checked."""
     import numpy as np
-    from probes.sockcalls import key_sampled
+    from oracles.walker import key_sampled
 
     checked = 0
     for call in d.calls:
@@ -386,7 +386,7 @@ def router_and_dealer(netns_name: str, connect: bool = True):
 
 @pytest.mark.privileged
 def test_walker_rebuilds_small_and_large_messages(netns):
-    from probes.sockcalls import key_sample_level
+    from oracles.walker import key_sample_level
 
     router, dealer, pids = router_and_dealer(netns, connect=False)
     peers = [router, dealer]

@@ -5,7 +5,7 @@ has MTU 1500) exchange baidu_std messages shaped as PaddlePaddle's parameter ser
 sends them (parsers/brpc/encode.py: pull and push, sparse and dense, a control
 command, another service's request, responses with attachments). From the probe's
 records alone -- captured bytes, Skip, Hunted and Gap, as
-probes.sockcalls.WalkedCall.stream_view gives them -- parsers/brpc must rebuild
+oracles.walker.WalkedCall.stream_view gives them -- parsers/brpc must rebuild
 exactly the messages sent, on both ends: their correlation ids, commands, tables and
 key counts (from the 64 payload bytes the walker copies), and every message end's TCP
 sequence where the sender's byte counts put it. Calls are cut at every header byte
@@ -201,7 +201,7 @@ class Side:
 
     def __init__(self, first_call, mid_stream: bool):
         from parsers.brpc import BrpcStreamParser
-        from probes.sockcalls import StreamOffsets
+        from oracles.walker import StreamOffsets
 
         self.offsets = StreamOffsets()
         self.first_offset = self.offsets.offset_of(first_call.event)
@@ -209,7 +209,7 @@ class Side:
         self.calls, self.views, self.messages = [], [], []
 
     def add(self, call) -> None:
-        from probes.sockcalls import feed_parser
+        from oracles.walker import feed_parser
 
         self.calls.append(call)
         view = call.stream_view(self.offsets.offset_of(call.event))

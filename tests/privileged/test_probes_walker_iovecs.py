@@ -129,7 +129,7 @@ def test_walker_reads_calls_of_256_iovecs(netns):  # noqa: F811
 @pytest.mark.privileged
 def test_walker_says_where_it_stopped_reading_iovecs(netns):  # noqa: F811
     from probes.events import SockCall, WalkStop
-    from probes.sockcalls import Gap
+    from oracles.walker import Gap
 
     cap, counters, done = run(netns, 12, SOCKCALLS_IOV_WALK_MAX=64)
     first = next(c for c in cap.calls if c.event.call == SockCall.SENDMSG and c.walkable_bytes)

@@ -13,7 +13,8 @@ from agent.correlate import Correlator
 from agent.calls import SockcallAssembler
 from agent.streams import StreamDecoder
 from parsers.pslite.encode import MessageSpec, encode_stream, message_bytes
-from probes.framework import FrameworkMessage, MetaIds
+from parsers.pslite.framework import MetaIds
+from probes.framework import FrameworkMessage
 from test_agent_decode import ISN_C, ISN_S, SERVER, record
 
 WORKER_A, WORKER_B = ("10.0.0.1", 40000), ("10.0.0.3", 40001)

@@ -255,7 +255,7 @@ def test_struct_decoder_gives_the_calls_of_the_ctypes_mirrors(name):
 
     from agent.netrows import SchedHistory
     from agent.sources import read_recording
-    from probes.sockcalls import CallAssembler
+    from oracles.walker import CallAssembler
 
     header, events = read_recording(Path(__file__).resolve().parents[1] / "data" / "agent" / name)
     assert header["sockcall_format"] == "items"

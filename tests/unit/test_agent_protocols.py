@@ -11,7 +11,7 @@ import json
 import pytest
 
 from agent.daemon import Pipeline
-from agent.errors import UserError
+from core.errors import UserError
 from agent.hosts import HostMap
 from agent.rundir import read_run_dir
 from parsers.brpc import encode as benc

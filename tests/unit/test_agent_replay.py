@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agent.daemon import replay
-from agent.errors import UserError
+from core.errors import UserError
 from agent.records import MESSAGES_SCHEMA
 from agent.rundir import read_run_dir
 from agent.sources import RECORD_MAGIC, read_recording

@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from agent.daemon import replay
-from agent.errors import UserError
+from core.errors import UserError
 from agent.rundir import read_run_dir
 from agent.sources import RECORD_MAGIC, RECORD_VERSION, RecordWriter, read_recording
 from parsers.pslite.encode import MessageSpec, encode_stream

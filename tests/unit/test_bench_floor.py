@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.sources import kernel_probes
 from bench.floor import Floor, Hook, agent_hooks, hits_report, program_text
 from probes.framework import POINTS

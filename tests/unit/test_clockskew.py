@@ -2,7 +2,7 @@
 import pytest
 
 from agent.clockskew import ClockSkew
-from agent.errors import UserError
+from core.errors import UserError
 
 
 def test_parse_and_apply_every_timestamp_and_nothing_else():

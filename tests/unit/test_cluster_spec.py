@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.cluster.cluster import Cluster
 from workloads.cluster.spec import MAX_HOSTS, WIRE_NS, make_spec, parse_pair_delay
 

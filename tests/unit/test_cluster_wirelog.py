@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.cluster.wirelog import HEADER_BYTES, RECORD_DTYPE, read_records, read_wire_log
 
 # Written from the layout comment in wirefwd.c, independently of RECORD_DTYPE.

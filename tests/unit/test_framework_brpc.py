@@ -1,6 +1,6 @@
 """brpc's framework records (framework.bpf.c's FW_BRPC_* events: one per RPC end, the
 correlation id in `sock`) decode to KeyedMessages naming their wire message's ids, through
-the probe's MessageAssembler and the agent's FrameworkDecoder alike; and the export check
+the reference (tests/oracles/framework.py) and the agent's FrameworkDecoder alike; and the export check
 reads an ELF's dynamic symbols, refusing files that are not what they claim."""
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.framework_records import FrameworkDecoder
 from probes.elf_symbols import defined_functions
-from probes.framework import (COUNTERS, POINTS, FrameworkProbe, FwEvent, KeyedMessage, Kind,
-                              MessageAssembler, Target, decode_event, targets_of_pid)
+from probes.framework import (COUNTERS, POINTS, FrameworkProbe, FwEvent, KeyedMessage, Kind, Target,
+                              decode_event, targets_of_pid)
+from oracles.framework import MessageAssembler
 
 BRPC_KINDS = (Kind.BRPC_CLIENT_SEND, Kind.BRPC_CLIENT_RECV, Kind.BRPC_SERVER_RECV,
               Kind.BRPC_SERVER_SEND)

@@ -1,6 +1,6 @@
 """One framework event per zmq message (framework.bpf.c accumulates a thread's frames in
 the kernel): the event decodes to the same FrameworkMessage as the frames did when each
-was its own event, through the agent's FrameworkDecoder and the probe's MessageAssembler,
+was its own event, through the agent's FrameworkDecoder and the reference (tests/oracles/framework.py),
 on hand-made messages and on the frames a real psbench run recorded."""
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 from agent.framework_records import FrameworkDecoder
 from agent.sources import read_recording
+from parsers.pslite.framework import ZMQ_ROUTER
 from parsers.pslite.meta import PBControl, PBMeta, PBNode
 from probes.framework import (_FIXED, _LEGACY, _LEGACY_BYTES, CAPTURE_BYTES, MAX_FRAMES,
-                              ZMQ_ROUTER, FrameCall, FwEvent, Kind, MessageAssembler,
-                              decode_event, unpack_event)
+                              FrameCall, FwEvent, Kind, decode_event, unpack_event)
+from oracles.framework import MessageAssembler
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "agent" / "psbench.rec.gz"
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from probes import libtrust, zmq_layout
 from probes.zmq_layout import calibrate, pyzmq_libzmq
 

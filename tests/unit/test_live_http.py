@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.daemon import replay
-from agent.errors import UserError
+from core.errors import UserError
 from agent.http import parse_listen, serve
 from agent.live import LiveAggregates
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.live import merge_snapshots
 from agent.top import _agent_addr, fetch, render_text
 

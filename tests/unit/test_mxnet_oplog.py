@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.mxnet import oplog, runner, venv
 
 SPARSE_KV = Path(runner.__file__).with_name("sparse_kv.py")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.priority import check_nice
 
 ROOT = Path(__file__).resolve().parents[2]

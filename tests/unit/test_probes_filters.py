@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from probes import filters as F
 from probes.filters import Filters, netns_inode
 from probes.tracefs import parse_format, tracefs_root, tracepoint_format

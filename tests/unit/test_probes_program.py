@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from probes.btf import VMLINUX_BTF_PATH, BtfError, load
 from probes.declare import COMMON_KERNEL_FIELDS, PROBES_DIR
 from probes.filters import Filters

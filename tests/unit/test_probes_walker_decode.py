@@ -11,12 +11,13 @@ import shutil
 import numpy as np
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from probes import events
 from probes.events import (SockCall, SockcallEvent, SockcallItem, SockcallItemKind, SockcallKeys, SockcallMsgEnd,
                            SockcallWalkMark, WalkProtocol, WalkStart, WalkStop, decode_items)
-from probes.sockcalls import (CallAssembler, Direction, Gap, Skip, StreamOffsets, WalkedCall, feed_parser,
-                              key_sample_level, key_sampled, set_sync_hint)
+from probes.sockcalls import Direction, set_sync_hint
+from oracles.walker import (CallAssembler, Gap, Skip, StreamOffsets, WalkedCall, feed_parser, key_sample_level,
+                            key_sampled)
 
 needs_gcc = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc (and linux-libc-dev for linux/types.h)")
 

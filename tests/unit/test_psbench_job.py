@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.psbench.cli import app
 from workloads.psbench.launch import launch_local
 

@@ -3,7 +3,7 @@ ps-lite's slicing by server key range."""
 import numpy as np
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.psbench.keys import K_MAX_KEY, KeyPermutation, KeySpace, KeyStream, ZipfSampler
 
 

@@ -6,7 +6,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.psbench.cli import app, workload_options
 from workloads.psbench.options import NodeConfig, Workload
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.rundir import RunDirWriter
 from reports.dissect import dissect
 from reports.simulate import Sim, simulate

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from agent.errors import UserError
+from core.errors import UserError
 from reports import components as C
 from reports.render_term import SummaryView
 from reports.report_cli import pick_format, report

@@ -236,7 +236,7 @@ def _rename_host(run: Path, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("to_file", [False, True])
 def test_markup_and_escapes_in_a_host_id(to_file, run, tmp_path, capsys, monkeypatch):
-    from agent.safetext import safe_text
+    from core.safetext import safe_text
 
     _rename_host(run, "ps1", HOSTILE_HOST)
     args = [run, "-o", tmp_path / "r.txt"] if to_file else [run]

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.rundir import RunDirWriter, read_run_dir
 
 

@@ -1,7 +1,7 @@
-"""agent.safetext: control characters from outside never reach a terminal."""
+"""core.safetext: control characters from outside never reach a terminal."""
 from __future__ import annotations
 
-from agent.safetext import REPLACEMENT, safe_text
+from core.safetext import REPLACEMENT, safe_text
 
 
 def test_escape_sequences_osc_and_c1_are_replaced():

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from agent.shedding import (MIN_KEEP_UNITS, FrameworkShedJudge, IntervalStats, SamplingRecord, Shedder,
                             ShedUnits, effective_rate)
 from probes.filters import SAMPLE_UNITS, pair_hash16, pair_kept, rate_of, shed_units_of
@@ -142,21 +142,22 @@ def _judge(rate: float):
     return FrameworkShedJudge(ids, [[0, rate]])
 
 
-def _fm(tgid: int, sender=None, recver=None, ts=10**9):
-    return SimpleNamespace(tgid=tgid, ret_ts_ns=ts, meta=SimpleNamespace(sender=sender, recver=recver))
+def _fm(tgid: int, ts=10**9):
+    return SimpleNamespace(tgid=tgid, ret_ts_ns=ts)
 
 
 def test_framework_records_of_shed_pairs_are_judged_by_the_mirror():
     h = pair_hash16("10.0.0.1", "10.0.0.2")
     below = rate_of(h + 1)                   # sheds this pair
     above = rate_of(h)                       # keeps it
-    assert _judge(below).drop_now(_fm(100, recver=8), True, None, 2 * 10**9)
-    assert not _judge(above).drop_now(_fm(100, recver=8), True, None, 2 * 10**9)
-    assert _judge(below).shed(_fm(200), False, 9, 2 * 10**9)     # the routing id names the peer
+    # the peer's node id as the record's protocol facts give it (parsers/pslite/framework.py)
+    assert _judge(below).drop_now(_fm(100), True, 8, 2 * 10**9)
+    assert not _judge(above).drop_now(_fm(100), True, 8, 2 * 10**9)
+    assert _judge(below).shed(_fm(200), False, 9, 2 * 10**9)
     assert not _judge(above).shed(_fm(200), False, 9, 2 * 10**9)
     assert not _judge(1.0).shed(_fm(200), False, None, 2 * 10**9)   # nothing shed: unmatched
     j = _judge(0.5)
-    assert j.shed(_fm(100, recver=2**31 - 1), True, None, 2 * 10**9) and j.unresolved == 1
+    assert j.shed(_fm(100), True, None, 2 * 10**9) and j.unresolved == 1
 
 
 def test_sampling_notes_fill_meta_and_the_judge():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
 from probes import zmq_layout
 from probes.zmq_layout import MSG_T_BYTES, calibrate, pyzmq_libzmq
 

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import UserError
+from core.errors import UserError
+from parsers.pslite.framework import (PS_META_EMPTY, PS_META_FORMAT, ZMQ_DEALER, ZMQ_ROUTER, decode_pbmeta,
+                                      decode_ps_meta)
 from parsers.pslite.meta import PBControl, PBMeta, PBNode
-from probes.framework import (CAPTURE_BYTES, PS_META_EMPTY, PS_META_FORMAT, SOURCE, ZMQ_DEALER,
-                              ZMQ_ROUTER, FrameCall, FrameworkProbe, FwEvent, Kind,
-                              MessageAssembler, Target, decode_event, decode_pbmeta,
-                              decode_ps_meta, targets_of_pid)
+from probes.framework import (CAPTURE_BYTES, SOURCE, FrameCall, FrameworkProbe, FwEvent, Kind, Target,
+                              decode_event, targets_of_pid)
 from probes import libtrust
 from probes.zmq_layout import pyzmq_libzmq
+from oracles.framework import Checked
 
 _ts = iter(range(1000, 10**9, 10))
 
@@ -56,7 +57,7 @@ def test_event_bytes_decode_through_the_mirror():
 
 
 def test_dealer_send_is_one_message_with_its_meta_ids():
-    asm = MessageAssembler()
+    asm = Checked()   # the agent's decoder, against the reference
     frames = [meta(app_id=0, customer_id=2, timestamp=41, request=True, push=True),
               b"k" * 8, b"v" * 40, b"x" * 100_000]
     calls = multipart(Kind.ZMQ_SEND, frames)
@@ -73,7 +74,7 @@ def test_dealer_send_is_one_message_with_its_meta_ids():
 
 
 def test_router_recv_keeps_the_routing_id_and_names_the_sender():
-    asm = MessageAssembler()
+    asm = Checked()   # the agent's decoder, against the reference
     frames = [b"ps9", meta(app_id=0, customer_id=0, timestamp=3, request=True, push=False), b"k" * 8]
     calls = multipart(Kind.ZMQ_RECV, frames)
     (m,) = feed_all(asm, calls)
@@ -84,7 +85,7 @@ def test_router_recv_keeps_the_routing_id_and_names_the_sender():
 
 
 def test_socket_types_learned_from_zmq_socket_override_the_guess():
-    asm = MessageAssembler()
+    asm = Checked()   # the agent's decoder, against the reference
     asm.feed(call(Kind.ZMQ_SOCKET, sock=0xD0, arg=ZMQ_DEALER))
     asm.feed(call(Kind.ZMQ_SOCKET, sock=0xE0, arg=ZMQ_ROUTER))
     # A DEALER's first frame is never a routing id, even when it looks like one.
@@ -97,14 +98,14 @@ def test_socket_types_learned_from_zmq_socket_override_the_guess():
 
 
 def test_libzmq_generated_routing_ids_are_recognised():
-    asm = MessageAssembler()
+    asm = Checked()   # the agent's decoder, against the reference
     (m,) = feed_all(asm, multipart(Kind.ZMQ_RECV, [b"\x00\x80\x00\x00\x29",
                                                    meta(app_id=0, timestamp=1)]))
     assert m.peer == b"\x00\x80\x00\x00\x29" and m.meta.timestamp == 1
 
 
 def test_threads_and_sockets_do_not_mix_frames():
-    asm = MessageAssembler()
+    asm = Checked()   # the agent's decoder, against the reference
     a = multipart(Kind.ZMQ_SEND, [meta(timestamp=1), b"a1", b"a2"], tid=1)
     b = multipart(Kind.ZMQ_SEND, [meta(timestamp=2), b"b1"], tid=2)
     c = multipart(Kind.ZMQ_SEND, [meta(timestamp=3), b"c1"], tid=1, sock=0xB0)
@@ -114,7 +115,7 @@ def test_threads_and_sockets_do_not_mix_frames():
 
 
 def test_an_unfinished_message_stays_open():
-    asm = MessageAssembler()
+    asm = Checked()   # the agent's decoder, against the reference
     assert feed_all(asm, [call(Kind.ZMQ_RECV, meta(timestamp=1), more=True)]) == []
     assert asm.open_messages == 1
 
@@ -160,7 +161,7 @@ def test_ps_meta_leading_fields():
 
 
 def test_ps_layer_events_are_messages_on_their_own():
-    asm = MessageAssembler()
+    asm = Checked()   # the agent's decoder, against the reference
     raw = struct.pack(PS_META_FORMAT, 0, 0, 0, 4, PS_META_EMPTY, 8, True, True, False)
     s = asm.feed(call(Kind.PS_SEND, raw, ret=99))
     r = asm.feed(call(Kind.PS_RECV, raw, ret=102))

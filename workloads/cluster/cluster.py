@@ -64,7 +64,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from agent.errors import UserError, require_root
+from core.errors import UserError, require_root
 
 from . import forwarder, netns, state, timein, wirelog
 from .spec import PREFIX_LEN, WIRE_NS, ClusterSpec, Host, make_spec

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 from . import netns
 from .spec import WIRE_NS, ClusterSpec

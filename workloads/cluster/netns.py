@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 NETNS_DIR = Path("/run/netns")
 # The features that decide whether a frame on the wire is what TCP sent:

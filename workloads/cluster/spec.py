@@ -9,7 +9,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from agent.errors import UserError
+from core.errors import UserError
 
 WIRE_NS = "pslat-wire"
 SUBNET_PREFIX = "10.77.0."

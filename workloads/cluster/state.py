@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from agent.errors import UserError
+from core.errors import UserError
 
 from . import netns
 

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 from . import netns
 
 _PROGRAM = r"""

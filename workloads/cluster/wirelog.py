@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from agent.errors import UserError
+from core.errors import UserError
 
 MAGIC = b"PSLATWIR"
 VERSION = 1

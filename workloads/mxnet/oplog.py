@@ -37,7 +37,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 # sparse_kv.py reads its output dir from this variable (or --out-dir).
 OUT_DIR_ENV = "PSLAT_MXNET_OUT"

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.procs import kill_and_reap, log_tail
 
 from . import oplog

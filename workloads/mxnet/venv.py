@@ -10,7 +10,7 @@ import functools
 import os
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads import venvs
 from workloads.symbols import UprobePoint, demangle, dynamic_symbols
 

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from agent.errors import UserError, run_main
+from core.errors import UserError, run_main
 from workloads.cluster.cluster import Cluster
 
 from . import capture, record

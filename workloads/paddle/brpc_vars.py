@@ -19,7 +19,7 @@ import re
 import subprocess
 from typing import Any
 
-from agent.errors import UserError
+from core.errors import UserError
 
 CURL_TIMEOUT_S = 5.0
 PAGE_MAX_BYTES = 4 << 20

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.errors import UserError
+from core.errors import UserError
 
 from workloads.cluster import netns
 from workloads.cluster.spec import WIRE_NS

@@ -18,7 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 
 from .capture import Direction
 from .runner import PaddleResult

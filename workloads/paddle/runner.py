@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.procs import log_tail, signal_group
 
 from . import brpc_vars

@@ -9,7 +9,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import typer  # noqa: E402
 
-from agent.errors import run_main  # noqa: E402
+from core.errors import run_main  # noqa: E402
 from workloads.psbench.cli import role  # noqa: E402
 
 main = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.psbench.options import Workload
 
 app = typer.Typer(help="psbench: a ps-lite-compatible sparse parameter-server job with its own ground truth.",

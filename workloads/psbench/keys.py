@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.errors import UserError
+from core.errors import UserError
 
 # ps-lite: kMaxKey = std::numeric_limits<Key>::max(); server i owns
 # [kMaxKey / M * i, kMaxKey / M * (i + 1))  (Postoffice::GetServerKeyRanges).

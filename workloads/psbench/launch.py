@@ -21,7 +21,7 @@ from typing import Callable
 
 import pandas as pd
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.psbench.options import Workload
 from workloads.psbench.truth import read_truth
 

@@ -12,7 +12,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads.psbench.wire import VALUE_DTYPES
 
 ROLES = ("scheduler", "server", "worker")

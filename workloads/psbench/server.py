@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.errors import UserError
+from core.errors import UserError
 from parsers.pslite.meta import server_id
 from workloads.psbench.customer import Customer, Fatal
 from workloads.psbench.keys import KeySpace

@@ -29,7 +29,7 @@ from typing import Callable
 
 import zmq
 
-from agent.errors import UserError
+from core.errors import UserError
 from parsers.pslite.meta import (SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, Cmd, Role, identity_of,
                                  node_id_of_identity, server_id, worker_id)
 from workloads.psbench.customer import Fatal

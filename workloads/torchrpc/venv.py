@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.errors import UserError
+from core.errors import UserError
 from workloads import venvs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from agent.safetext import safe_text
+from core.safetext import safe_text
 
 
 class UserError(Exception):
@@ -25,7 +25,7 @@ def require_root(what: str) -> None:
 def say(prog: str, msg: object) -> None:
     """One line on stderr, `prog: msg`. Messages carry strings from outside (library
     paths from /proc/PID/maps, host ids, file names): control characters in them are
-    replaced, so they cannot drive the terminal (agent/safetext.py)."""
+    replaced, so they cannot drive the terminal (core/safetext.py)."""
     print(f"{prog}: {safe_text(msg)}", file=sys.stderr, flush=True)
 
 

@@ -1,6 +1,6 @@
 """Text from outside (traced bytes, other hosts' snapshots and run dirs) made safe for a terminal.
 
-    from agent.safetext import safe_text
+    from core.safetext import safe_text
     Text(safe_text(host))            # rich: a Text object, never markup
 
 A terminal obeys what it is sent: ESC starts CSI sequences (`ESC[2J` clears the
