@@ -33,7 +33,7 @@ from parsers.keysample import key_hash
 from parsers.protowire import varint
 
 from .message import call_space_of
-from .meta import PBMeta, is_node_identity, node_id_of_identity
+from .meta import PS_META_EMPTY, PBMeta, is_node_identity, node_id_of_identity
 
 ZMQ_DEALER, ZMQ_ROUTER = 5, 6   # public libzmq socket type numbers
 ROUTING_ID_MAX_BYTES = 255      # libzmq refuses longer routing ids
@@ -42,7 +42,6 @@ ROUTING_ID_MAX_BYTES = 255      # libzmq refuses longer routing ids
 # string, whose layout depends on the C++ ABI: not read). Verified on a real
 # kvstore by tests/privileged/test_framework_probe_mxnet.py.
 PS_META_FORMAT = "<6i3?"
-PS_META_EMPTY = 2**31 - 1    # ps::Meta::kEmpty (std::numeric_limits<int>::max())
 _PS_META_BYTES = struct.calcsize(PS_META_FORMAT)
 
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from core.errors import UserError
-from parsers.pslite.framework import (PS_META_EMPTY, PS_META_FORMAT, ZMQ_DEALER, ZMQ_ROUTER, decode_pbmeta,
-                                      decode_ps_meta)
-from parsers.pslite.meta import PBControl, PBMeta, PBNode
+from parsers.pslite.framework import PS_META_FORMAT, ZMQ_DEALER, ZMQ_ROUTER, decode_pbmeta, decode_ps_meta
+from parsers.pslite.meta import PS_META_EMPTY, PBControl, PBMeta, PBNode
 from probes.framework import (CAPTURE_BYTES, SOURCE, FrameCall, FrameworkProbe, FwEvent, Kind, Target,
                               decode_event, targets_of_pid)
 from probes import libtrust
