@@ -31,7 +31,6 @@ import gzip
 import json
 import os
 import struct
-import sys
 import time
 import zlib
 from dataclasses import dataclass, field
