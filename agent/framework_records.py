@@ -40,6 +40,9 @@ class FrameworkDecoder:
         self._sock_types: OrderedDict[tuple[int, int], int] = OrderedDict()
         self.sockets = 0   # new-socket events seen
         self._ids = {layer: cls() for layer, cls in FRAMEWORK_RECORD_IDS.items()}
+        # layer -> (its ids' fill, the record class): looked up once per message, not twice
+        self._out = {layer: (ids.fill, _fw.KeyedMessage if ids.keyed else _fw.FrameworkMessage)
+                     for layer, ids in self._ids.items()}
 
     @property
     def open_messages(self) -> int:
@@ -86,9 +89,9 @@ class FrameworkDecoder:
             fields["first_ret_ts_ns"] = ret_ts
             fields["total_bytes"] = ret
             fields["frame_heads"] = (heads[0] if heads else b"",)
-        ids = self._ids[facts.layer]
-        ids.fill(fields, None, facts.request)
-        return _frozen(_fw.KeyedMessage if ids.keyed else _fw.FrameworkMessage, fields)
+        fill, cls = self._out[facts.layer]
+        fill(fields, None, facts.request)
+        return _frozen(cls, fields)
 
     def _frames(self, layer: str, send: bool, tgid: int, tid: int, sock: int, ts: int, first_ret: int,
                 ret_ts: int, more: int, sizes: tuple, heads: tuple):
@@ -112,9 +115,9 @@ class FrameworkDecoder:
                   "ts_ns": ts if send else ret_ts, "call_ts_ns": ts, "ret_ts_ns": ret_ts,
                   "first_ret_ts_ns": first_ret, "total_bytes": sum(sizes), "frames": len(sizes), "peer": None,
                   "meta": None, "frame_sizes": sizes, "frame_heads": heads}
-        ids = self._ids[layer]
-        ids.fill(fields, self._sock_types.get((tgid, sock)), None)
-        return _frozen(_fw.KeyedMessage if ids.keyed else _fw.FrameworkMessage, fields)
+        fill, cls = self._out[layer]
+        fill(fields, self._sock_types.get((tgid, sock)), None)
+        return _frozen(cls, fields)
 
 
 def _frozen(cls, fields: dict):
