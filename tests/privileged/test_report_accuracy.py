@@ -70,6 +70,11 @@ def _run(out: Path, delay_ms: float = 0.0, jitter_ms: float = 0.0, pair_delay_ms
         finally:
             agent.kill()
         truth, wire = job.truth(), cluster.wire_log()
+        stats = cluster.forwarder_stats()
+    # shown with a failure: a realtime step the forwarder's stamps had to ride over
+    print(f"\nforwarder: {stats.get('clock_steps')} realtime clock steps (largest "
+          f"{stats.get('clock_step_max_ns', 0) / 1e3:.0f} us), {stats.get('stamps_after_receive')} stamps after "
+          f"their receive, latest send {stats.get('late_max_ns', 0) / 1e3:.0f} us")
     return out / "agent", truth, wire
 
 

@@ -17,8 +17,8 @@ Topology (N hosts, one kernel):
   standard deviation J, clamped at 0), keeping each pair's frames in order
   (FIFO: a frame never leaves before its predecessor, so jitter adds queueing
   instead of reordering). Time in is the kernel's receive timestamp
-  (SO_TIMESTAMPNS, realtime) minus real-mono offset (narrowest of a few
-  mono/real/mono readings, refreshed every 100 ms), so the forwarder's own
+  (SO_TIMESTAMPNS, realtime) minus real-mono read right after each receive
+  (a step of the realtime clock moves no frame: wirefwd.c), so the forwarder's own
   wake-up latency is part of the delay, not added to it; a tc program at each
   host's veth egress makes the kernel take it at the sender's handoff, not in
   the wire namespace's softirq (timein.py). Time out is when the frame is

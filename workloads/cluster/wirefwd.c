@@ -11,10 +11,14 @@
  *
  * Timing.
  *  - Time in is the kernel's receive timestamp of the frame (SO_TIMESTAMPNS,
- *    CLOCK_REALTIME), converted to CLOCK_MONOTONIC with an offset measured at
- *    start and refreshed every OFFSET_REFRESH_NS: the narrowest of a few
- *    mono/real/mono brackets gives real - mono. So the forwarder's own wake-up
- *    latency is part of the delay it applies, not added on top of it.
+ *    CLOCK_REALTIME), converted to CLOCK_MONOTONIC with real - mono read right
+ *    after the receive that returned it (a mono/real/mono bracket; a wide one,
+ *    the thread preempted between the reads, keeps the previous value). So the
+ *    forwarder's own wake-up latency is part of the delay it applies, not added
+ *    on top of it, and a step of the realtime clock (settimeofday: a VM's
+ *    guest agent setting the time) moves no frame's time: an offset kept for
+ *    100 ms put every frame after such a step off by the step. Steps seen and
+ *    stamps later than their receive (clamped to it) are counted in the stats.
  *  - Due time = time in + delay (+ jitter). A frame is held until then: an
  *    absolute CLOCK_MONOTONIC timerfd wakes us spin_ns before it is due, and
  *    the rest is a busy-poll of the sockets (epoll_wait with timeout 0), which
@@ -70,7 +74,8 @@
 #define SLOT_BYTES 2048          /* frames up to MTU 1500 (+ headers) fit */
 #define RX_BATCH 32
 #define RX_BUDGET_BATCHES 4
-#define OFFSET_REFRESH_NS 100000000LL
+#define OFFSET_BRACKET_MAX_NS 5000LL  /* a wider mono/real/mono bracket was preempted */
+#define CLOCK_STEP_NS 20000LL         /* real - mono moved more than this: a step */
 #define FLUSH_NS 10000000LL
 #define LOGBUF_BYTES (64 * 1024)
 #define REC_BYTES 56
@@ -121,8 +126,8 @@ static volatile sig_atomic_t stop_requested, stats_requested;
 
 static struct {
     uint64_t frames_in, records_out, bytes_in, dropped_pool, dropped_send,
-        dropped_oversize, kernel_drops, max_queued, offset_refreshes;
-    int64_t late_max_ns;
+        dropped_oversize, kernel_drops, max_queued, clock_steps, stamps_after_receive;
+    int64_t late_max_ns, clock_step_max_ns;
 } st;
 
 static void die(const char *fmt, ...) {
@@ -141,20 +146,20 @@ static int64_t clock_ns(clockid_t c) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* real - mono from the narrowest of 5 brackets mono1 < real < mono2. */
-static void refresh_offset(void) {
-    int64_t best_width = INT64_MAX, best = 0;
-    for (int i = 0; i < 5; i++) {
-        int64_t m1 = clock_ns(CLOCK_MONOTONIC);
-        int64_t r = clock_ns(CLOCK_REALTIME);
-        int64_t m2 = clock_ns(CLOCK_MONOTONIC);
-        if (m2 - m1 < best_width) {
-            best_width = m2 - m1;
-            best = r - (m1 + (m2 - m1) / 2);
-        }
+/* real - mono now, from one mono/real/mono bracket (see Timing). */
+static void read_offset(void) {
+    int64_t m1 = clock_ns(CLOCK_MONOTONIC);
+    int64_t r = clock_ns(CLOCK_REALTIME);
+    int64_t m2 = clock_ns(CLOCK_MONOTONIC);
+    if (m2 - m1 > OFFSET_BRACKET_MAX_NS && real_minus_mono_ns) return;
+    int64_t off = r - (m1 + (m2 - m1) / 2);
+    int64_t step = off - real_minus_mono_ns;
+    if (step < 0) step = -step;
+    if (real_minus_mono_ns && step > CLOCK_STEP_NS) {
+        st.clock_steps++;
+        if (step > st.clock_step_max_ns) st.clock_step_max_ns = step;
     }
-    real_minus_mono_ns = best;
-    st.offset_refreshes++;
+    real_minus_mono_ns = off;
 }
 
 /* xorshift64*: enough for jitter, reproducible from the seed. */
@@ -407,6 +412,7 @@ static void receive(int src) {
         }
         int got = recvmmsg(ports[src].fd, msgs, (unsigned)n, MSG_DONTWAIT, NULL);
         if (got < 0) got = 0;
+        read_offset();
         int64_t now_mono = clock_ns(CLOCK_MONOTONIC);
         for (int i = 0; i < got; i++) {
             struct slot_meta *m = &meta[slots[i]];
@@ -426,6 +432,10 @@ static void receive(int src) {
                     struct timespec ts;
                     memcpy(&ts, CMSG_DATA(c), sizeof ts);
                     m->t_in_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec - real_minus_mono_ns;
+                    if (m->t_in_ns > now_mono) { /* a stamp cannot follow its receive */
+                        st.stamps_after_receive++;
+                        m->t_in_ns = now_mono;
+                    }
                 }
             }
             route(slots[i], src);
@@ -540,10 +550,12 @@ static void write_stats(void) {
             ", \"dropped_oversize\": %" PRIu64 ", \"kernel_drops\": %" PRIu64
             ", \"max_queued\": %" PRIu64 ", \"late_max_ns\": %" PRId64
             ", \"queued_now\": %u, \"spin_ns\": %" PRId64 ", \"pool_frames\": %u"
-            ", \"cpu_ns\": %" PRId64 "}\n",
+            ", \"clock_steps\": %" PRIu64 ", \"clock_step_max_ns\": %" PRId64
+            ", \"stamps_after_receive\": %" PRIu64 ", \"cpu_ns\": %" PRId64 "}\n",
             st.frames_in, st.records_out, st.bytes_in, st.dropped_pool, st.dropped_send,
             st.dropped_oversize, st.kernel_drops, st.max_queued, st.late_max_ns, heap_n, spin_ns,
-            pool_frames, clock_ns(CLOCK_PROCESS_CPUTIME_ID));
+            pool_frames, st.clock_steps, st.clock_step_max_ns, st.stamps_after_receive,
+            clock_ns(CLOCK_PROCESS_CPUTIME_ID));
     fclose(f);
     rename(tmp, stats_path);
 }
@@ -618,8 +630,7 @@ int main(int argc, char **argv) {
     ev.data.u32 = MAX_PORTS;
     epoll_ctl(ep, EPOLL_CTL_ADD, tfd, &ev);
 
-    refresh_offset();
-    int64_t next_refresh_ns = clock_ns(CLOCK_MONOTONIC) + OFFSET_REFRESH_NS;
+    read_offset();
     int64_t armed_ns = 0;
     last_flush_ns = clock_ns(CLOCK_MONOTONIC);
 
@@ -632,10 +643,6 @@ int main(int argc, char **argv) {
     while (!stop_requested) {
         send_due();
         int64_t now = clock_ns(CLOCK_MONOTONIC);
-        if (now >= next_refresh_ns) {
-            refresh_offset();
-            next_refresh_ns = now + OFFSET_REFRESH_NS;
-        }
         if (stats_requested) { stats_requested = 0; write_stats(); }
 
         int timeout_ms = -1;
