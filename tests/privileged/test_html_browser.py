@@ -44,6 +44,8 @@ def test_report_loads_with_every_plot_drawn(browser, tmp_path):
     assert r.state.get("ready") and r.state["errors"] == []
     assert r.exceptions == [] and r.console_errors == []
     assert r.state["plots"] == r.state["expected"] >= 15
-    assert r.state["t_ready_ms"] < 5000
+    # 8 s: 4.75 s in-page on an idle machine, 5.24 s in a fresh-clone run on a slow one
+    # (its whole suite 22 min against 17.8 min an hour before)
+    assert r.state["t_ready_ms"] < 8000
     assert "host-side" in r.texts["findings"] and "server_kernel_rx" in r.texts["svgtext"]
     shutil.copy(page, ARTIFACTS / "report.html")
