@@ -16,8 +16,7 @@
  *    the thread preempted between the reads, keeps the previous value). So the
  *    forwarder's own wake-up latency is part of the delay it applies, not added
  *    on top of it, and a step of the realtime clock (settimeofday: a VM's
- *    guest agent setting the time) moves no frame's time: an offset kept for
- *    100 ms put every frame after such a step off by the step. Steps seen and
+ *    guest agent setting the time) moves no frame's time. Steps seen and
  *    stamps later than their receive (clamped to it) are counted in the stats.
  *  - Due time = time in + delay (+ jitter). A frame is held until then: an
  *    absolute CLOCK_MONOTONIC timerfd wakes us spin_ns before it is due, and
@@ -146,12 +145,13 @@ static int64_t clock_ns(clockid_t c) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* real - mono now, from one mono/real/mono bracket (see Timing). */
-static void read_offset(void) {
+/* real - mono now, from one mono/real/mono bracket (see Timing); returns the
+ * bracket's last CLOCK_MONOTONIC reading. */
+static int64_t read_offset(void) {
     int64_t m1 = clock_ns(CLOCK_MONOTONIC);
     int64_t r = clock_ns(CLOCK_REALTIME);
     int64_t m2 = clock_ns(CLOCK_MONOTONIC);
-    if (m2 - m1 > OFFSET_BRACKET_MAX_NS && real_minus_mono_ns) return;
+    if (m2 - m1 > OFFSET_BRACKET_MAX_NS && real_minus_mono_ns) return m2;
     int64_t off = r - (m1 + (m2 - m1) / 2);
     int64_t step = off - real_minus_mono_ns;
     if (step < 0) step = -step;
@@ -160,6 +160,7 @@ static void read_offset(void) {
         if (step > st.clock_step_max_ns) st.clock_step_max_ns = step;
     }
     real_minus_mono_ns = off;
+    return m2;
 }
 
 /* xorshift64*: enough for jitter, reproducible from the seed. */
@@ -412,8 +413,7 @@ static void receive(int src) {
         }
         int got = recvmmsg(ports[src].fd, msgs, (unsigned)n, MSG_DONTWAIT, NULL);
         if (got < 0) got = 0;
-        read_offset();
-        int64_t now_mono = clock_ns(CLOCK_MONOTONIC);
+        int64_t now_mono = read_offset();
         for (int i = 0; i < got; i++) {
             struct slot_meta *m = &meta[slots[i]];
             if (from[i].sll_pkttype == PACKET_OUTGOING) { slot_free(slots[i]); continue; }
