@@ -236,6 +236,7 @@ class Pipeline:
         out.update({f"correlate_{k}": v for k, v in self.correlator.counters.items()})
         out["tx_ends_retransmitted"] = self.correlator.tx_times.retransmitted_ends
         out["sync_hints"] = self.decoder.hints
+        out["sync_hints_count_only"] = self.decoder.hints_count_only   # unrecognised after a mid-stream hunt
         out["framework_values_rejected"] = self.framework.values_rejected   # routing ids past int32
         out["consumer_cpu_s"] = round(self.cpu_s, 3)
         # what the bounded maps dropped (agent.bounded): per connection, process, socket

@@ -653,14 +653,17 @@ class LiveSource:
     # -- running ------------------------------------------------------------
     def sync_hint(self, sk: int, tx: bool, seq: int, frame_index: int, framing) -> None:
         """Tell the kernel's walker where a frame starts, and in which framing
-        (probes.sockcalls.FRAMINGS), for a direction joined mid-stream."""
+        (probes.sockcalls.FRAMINGS), for a direction joined mid-stream; framing
+        None: the direction is in none of them, count its calls only."""
         from probes import sockcalls
-        hint = getattr(sockcalls, "set_sync_hint", None)
-        if hint is None or self.program is None:
+        if self.program is None:
             return
         d = sockcalls.Direction.TX if tx else sockcalls.Direction.RX
         try:
-            hint(self.program, sk, d, seq, frame_index, framing)
+            if framing is None:
+                sockcalls.set_count_only(self.program, sk, d)
+            else:
+                sockcalls.set_sync_hint(self.program, sk, d, seq, frame_index, framing)
         except Exception as e:  # a full hint map: the walk starts later, nothing is wrong
             self.hint_errors += 1
             if self.hint_errors == 1:

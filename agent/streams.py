@@ -24,7 +24,7 @@ from agent.bounded import CONN_IDLE_NS, CONNS_MAX
 from agent.calls import MASK32, Call, Hunted, Skip
 from agent.endpoints import conn_id_of
 from parsers.registry import parser_class
-from parsers.sniff import SniffingParser
+from parsers.sniff import OpaqueStream, SniffingParser
 from probes.sockcalls import FRAMINGS
 
 # Calls kept per direction to find the call that moved a message's first byte
@@ -139,7 +139,10 @@ class StreamDecoder:
         """on_sync_hint(sk, tx, seq, frame_index, framing): the parser knows where a frame
         header of a direction the kernel's walker is not following will be, and in which
         of the walker's framings (live: tell the walker, probes.sockcalls.set_sync_hint;
-        only for protocols the walker frames, probes.sockcalls.FRAMINGS).
+        only for protocols the walker frames, probes.sockcalls.FRAMINGS); framing None
+        (seq and frame_index 0): a direction joined mid-stream that no parser recognised,
+        whose calls the kernel still copies raw prefixes of: it may count them only
+        (probes.sockcalls.set_count_only).
         forced: {port: protocol name}: a connection with either end on the port speaks it. on_stream(conn, end): a connection is
         dropped (end: closed, idle_expired, evicted, reused) or still open at the stop
         (open_at_stop): what it moved (stream_row)."""
@@ -150,6 +153,7 @@ class StreamDecoder:
         self.idle_ns = idle_ns
         self.forced = dict(forced or {})
         self.hints = 0
+        self.hints_count_only = 0
         # (netns, sk, local, remote) -> Conn, least recently active first (agent.bounded)
         self.conns: OrderedDict[tuple, Conn] = OrderedDict()
         self.calls = 0
@@ -349,11 +353,11 @@ class StreamDecoder:
                         if got:
                             out += got
             flow.next_offset = end
-            c.view = None   # fed: a kept call needs its times, not its bytes (memory)
             if type(parser) is SniffingParser and parser.chosen is not None:
                 flow.parser = parser.chosen   # it has seen every byte: fed directly from now on
             if c.kernel_unsynced and self.on_sync_hint is not None:
                 self._hint(conn, flow, c)
+            c.view = None   # fed: a kept call needs its times, not its bytes (memory)
         if self._dropped:
             return self._take_dropped() + (self._messages(conn, flow, out) if out else [])
         return self._messages(conn, flow, out) if out else []
@@ -363,6 +367,14 @@ class StreamDecoder:
         byte is a frame header, that is where the walker can start."""
         framing = FRAMINGS.get(flow.parser.PROTOCOL)
         if framing is None:
+            # Unrecognised after a mid-stream hunt (a stream seen from its start was
+            # classified by the kernel itself): stop the kernel's raw prefixes.
+            if (type(flow.parser) is OpaqueStream and flow.mid_stream
+                    and c.exit_ts_ns - flow.hinted_ns >= HINT_INTERVAL_NS
+                    and any(type(x) is bytes for _rel, x in c.view)):
+                flow.hinted_ns = c.exit_ts_ns
+                self.hints_count_only += 1
+                self.on_sync_hint(c.sk, c.tx, 0, 0, None)
             return
         at = flow.parser.next_sync()
         if at is None or at[0] == flow.hinted_offset or c.exit_ts_ns - flow.hinted_ns < HINT_INTERVAL_NS:

@@ -181,7 +181,10 @@ class _HintKey(ctypes.Structure):
 
 class _Hint(ctypes.Structure):
     _fields_ = [("seq", ctypes.c_uint32), ("frame_idx", ctypes.c_uint16), ("proto", ctypes.c_uint8),
-                ("_pad", ctypes.c_uint8)]
+                ("flags", ctypes.c_uint8)]
+
+
+_HINT_COUNT_ONLY = 1   # walk_engine.bpf.h WK_HINT_COUNT_ONLY
 
 
 def set_sync_hint(prog, sk: int, direction: Direction, seq: int, frame_index: int = 0,
@@ -198,3 +201,12 @@ def set_sync_hint(prog, sk: int, direction: Direction, seq: int, frame_index: in
     direction = Direction(direction)
     framing = WalkProtocol(framing)
     prog.bpf[_HINT_MAP][_HintKey(sk, direction)] = _Hint(seq, frame_index, framing, 0)
+
+
+def set_count_only(prog, sk: int, direction: Direction) -> None:
+    """Tell the walker that this socket's `direction` is in no framing it has
+    (user space hunted in its raw prefixes and recognised no protocol): from its
+    next call on, its calls are counted and nothing of them is copied."""
+    if isinstance(sk, bool) or not isinstance(sk, int) or not 0 <= sk <= 2**64 - 1:
+        raise UserError(f"count-only hint sk={sk!r} is not an integer in 0..{2**64 - 1}")
+    prog.bpf[_HINT_MAP][_HintKey(sk, Direction(direction))] = _Hint(0, 0, WalkProtocol.NONE, _HINT_COUNT_ONLY)

@@ -202,8 +202,12 @@ struct wk_hint {
 	u32 seq;        /* a frame header starts at this sequence number */
 	u16 frame_idx;  /* the index of that frame in its message */
 	u8 proto;       /* SOCKCALL_PROTO_*: the framing user space found the stream in (NONE: keep the walker's) */
-	u8 _pad;
+	u8 flags;       /* WK_HINT_* */
 };
+/* User space found the direction in no protocol the walker frames (a stream
+ * joined mid-stream that its parsers did not recognise): count its calls
+ * only from now on, as a connection whose first bytes were no framing's. */
+#define WK_HINT_COUNT_ONLY 1
 
 /* The walk of one call, shared by sc_exit and the tail-called programs. */
 struct wk_walk {
@@ -272,7 +276,9 @@ struct wk_scratch {
 
 BPF_PERCPU_ARRAY(sockcalls_scratch, struct wk_scratch, 1);
 BPF_TABLE("lru_hash", struct wk_key, struct wk_state, sockcalls_walk, SOCKCALLS_WALK_CONNS_MAX);
-BPF_HASH(sockcalls_sync_hint, struct wk_key, struct wk_hint, SOCKCALLS_HINTS_MAX);
+/* LRU: a hint for a connection that closed before its next call is never
+ * taken; with a plain hash such hints would fill the map for good. */
+BPF_TABLE("lru_hash", struct wk_key, struct wk_hint, sockcalls_sync_hint, SOCKCALLS_HINTS_MAX);
 BPF_PROG_ARRAY(sockcalls_progs, WK_SLOTS);
 
 static __always_inline void wk_count(int slot, u64 n)
@@ -1051,6 +1057,12 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
 	 * protocol's messages. */
 	struct wk_hint *h = sockcalls_sync_hint.lookup(&w->key);
 	u64 at = total;
+	if (h && (h->flags & WK_HINT_COUNT_ONLY)) {
+		sockcalls_sync_hint.delete(&w->key);
+		wk_count(SOCKCALL_COUNTER_HINTS_APPLIED, 1);
+		w->st.phase = WK_NOT_PROTO;
+		return WK_DONE;
+	}
 	if (h) {
 		if (h->proto && h->proto <= SOCKCALL_PROTO_MAX)
 			w->st.proto = h->proto;

@@ -143,10 +143,15 @@ def peer() -> None:
     paced KIND COUNT SEED: a send per message, each read whole before the next;
     bad SEED: paced messages, 3000 bytes of garbage, paced messages, in one send (27 kB:
       one call on each end);
-    garbage: a second connection whose bytes are no framing's, 3 sends."""
+    garbage: a second connection whose bytes are no framing's, 3 sends;
+    opaque COUNT SEED: COUNT sends of 2000 bytes that are no framing's on a third
+      connection, made with the first (so a probe started later joins it mid-stream),
+      each read whole before the next."""
     lst = socket.create_server(("127.0.0.1", 0))
     c = socket.create_connection(lst.getsockname())
     s = lst.accept()[0]
+    oc = socket.create_connection(lst.getsockname())
+    os_ = lst.accept()[0]
     emit({"ready": True, "pid": os.getpid()})
     for line in sys.stdin:
         cmd = line.split()
@@ -186,6 +191,13 @@ def peer() -> None:
                 g.sendall(junk)
                 _recv_exactly(h, len(junk))
             emit({"port": g.getsockname()[1]})
+        elif cmd[0] == "opaque":
+            rng = random.Random(int(cmd[2]))
+            for _ in range(int(cmd[1])):
+                junk = rng.randbytes(2000).replace(b"PRPC", b"prpc")
+                oc.sendall(junk)
+                _recv_exactly(os_, len(junk))
+            emit({"port": oc.getsockname()[1]})
 
 
 if __name__ == "__main__":
@@ -434,3 +446,51 @@ def test_brpc_walker_syncs_by_itself_once_a_stale_hint_named_its_framing(netns):
     print("\ncounters:", counters)
     assert counters["hints_stale"] == 2 and counters["self_syncs"] == 2
     assert counters["desyncs"] == counters["walk_aborted"] == 0
+
+
+@pytest.mark.privileged
+def test_walker_counts_only_a_joined_connection_user_space_found_in_no_framing(netns):  # noqa: F811
+    """Joined mid-stream, a connection in no framing is hunted in and each call's
+    first bytes go out raw (user space hunts in them with every parser); a
+    count-only hint (what the agent sends once its parsers gave up) makes the
+    walker count the direction's calls from its next call on and copy nothing."""
+    from probes.events import SockcallItemKind
+    from probes.sockcalls import Direction, set_count_only
+
+    peer = PeerProc(netns, script=__file__)
+    try:
+        pid = peer.read()["pid"]
+        port = peer.ask("opaque 5 50")["port"]   # before the probe: joined mid-stream
+        prog, cap = start_probe(netns, BRPC_WALKERS)
+        with prog:
+            peer.ask("opaque 4 51", prog)
+            cap.drain()
+            before = len(cap.calls)
+            ends = {}
+            for call in cap.calls:
+                ev = call.event
+                if ev.tgid == pid and port in (ev.sport, ev.dport) and call.walkable_bytes:
+                    ends[ev.call_kind.is_send] = ev.sk
+            assert set(ends) == {True, False}
+            for is_send, sk in ends.items():
+                set_count_only(prog, sk, Direction.TX if is_send else Direction.RX)
+            peer.ask("opaque 6 52", prog)
+            cap.drain()
+            counters = brpc_counts(prog)
+    finally:
+        peer.stop()
+
+    def calls_of(calls, is_send):
+        return [c for c in calls if c.event.tgid == pid and port in (c.event.sport, c.event.dport)
+                and c.walkable_bytes and c.event.call_kind.is_send == is_send]
+
+    def copied(call):
+        return any(it.kind == SockcallItemKind.BYTES for it, _body in call.items)
+
+    print("\ncounters:", counters)
+    for is_send in (True, False):
+        hunted, counted = calls_of(cap.calls[:before], is_send), calls_of(cap.calls[before:], is_send)
+        assert len(hunted) >= 4 and all(copied(c) for c in hunted)
+        assert len(counted) >= 6 and not any(copied(c) or c.items for c in counted)
+        assert sum(c.walkable_bytes for c in counted) == 6 * 2000   # their bytes still counted
+    assert counters["hints_applied"] == 2 and counters["self_syncs"] == 0

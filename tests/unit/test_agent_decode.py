@@ -218,6 +218,43 @@ def test_a_sync_hint_names_the_next_frame_header_of_a_direction_the_kernel_does_
     assert start < seq - ISN_C - 1
 
 
+def test_a_direction_joined_mid_stream_that_no_parser_recognised_is_left_to_the_kernel_to_count():
+    """Walker format: the kernel hunts in a joined direction and sends each call's
+    raw prefix; once every parser gave up on it (parsers/sniff.py HUNT_BYTES_MAX), the
+    decoder asks the kernel to count its calls only (framing None), once, and again
+    only while raw prefixes still come. A direction seen from its first byte is the
+    kernel's to classify: no hint."""
+    import random
+
+    from parsers.sniff import HUNT_BYTES_MAX
+
+    rng = random.Random(3)
+    call_bytes = 64 << 10
+
+    def calls(first_offset: int, n_raw: int, n_counted: int, ts0: int):
+        for i in range(n_raw + n_counted):
+            off = first_offset + i * call_bytes
+            raw = rng.randbytes(256).replace(b"PRPC", b"prpc") if i < n_raw else b""
+            items = item(ITEM_BYTES, 0, raw, what=0x01) if raw else b""
+            yield record(True, ISN_C + 1 + off, call_bytes, items, ts=ts0 + i * 5_000_000)
+
+    raw_calls = HUNT_BYTES_MAX // call_bytes + 1   # the last one makes the hunters give up
+    for first_offset, want in ((10 * call_bytes, 1), (0, 0)):
+        hints = []
+        asm, dec = SockcallAssembler("items"), StreamDecoder(on_sync_hint=lambda *a: hints.append(a))
+        for r in calls(first_offset, raw_calls, 20, 1_000_000_000):
+            dec.feed(asm.feed(r))
+        (flow,) = [conn.tx for conn in dec.conns.values()]
+        assert type(flow.parser).__name__ == "OpaqueStream"
+        assert hints == [(0xABC, True, 0, 0, None)] * want and dec.hints_count_only == want
+    # prefixes that still come after the interval: asked again, at most once per interval
+    hints = []
+    asm, dec = SockcallAssembler("items"), StreamDecoder(on_sync_hint=lambda *a: hints.append(a))
+    for r in calls(10 * call_bytes, raw_calls + 20, 0, 1_000_000_000):
+        dec.feed(asm.feed(r))
+    assert 2 <= len(hints) <= 20 * 5_000_000 // 20_000_000 + 1
+
+
 # ---------------------------------------------------------------- struct items decoder == probes.sockcalls
 
 def _reference_call(assembler, history, raw: bytes):

@@ -15,7 +15,7 @@ from core.errors import UserError
 from probes import events
 from probes.events import (SockCall, SockcallEvent, SockcallItem, SockcallItemKind, SockcallKeys, SockcallMsgEnd,
                            SockcallWalkMark, WalkProtocol, WalkStart, WalkStop, decode_items)
-from probes.sockcalls import Direction, set_sync_hint
+from probes.sockcalls import Direction, set_count_only, set_sync_hint
 from oracles.walker import (CallAssembler, Gap, Skip, StreamOffsets, WalkedCall, feed_parser, key_sample_level,
                             key_sampled)
 
@@ -266,6 +266,23 @@ def test_set_sync_hint_writes_the_map_and_validates():
         args = dict(sk=1, direction=Direction.TX, seq=5, frame_index=0) | bad
         with pytest.raises(UserError, match="sync hint"):
             set_sync_hint(prog, **args)
+    assert val.flags == 0
+
+
+def test_set_count_only_writes_a_hint_with_its_flag_and_validates():
+    prog = FakeProg()
+    set_count_only(prog, 0xFFFF8881_00000040, Direction.TX)
+    ((key, val),) = prog.maps[b"sockcalls_sync_hint"]
+    assert (key.sk, key.dir, val.seq, val.frame_idx, val.proto, val.flags) == (0xFFFF8881_00000040, 0, 0, 0, 0, 1)
+    import re
+    from pathlib import Path
+
+    from probes import sockcalls
+    engine = (Path(sockcalls.__file__).parent / "walk_engine.bpf.h").read_text()
+    assert int(re.search(r"#define WK_HINT_COUNT_ONLY (\d+)", engine).group(1)) == val.flags
+    for bad in (-1, 2**64, True, 1.0):
+        with pytest.raises(UserError, match="count-only hint"):
+            set_count_only(prog, bad, Direction.TX)
 
 
 def test_key_sampling_rule():
