@@ -38,7 +38,7 @@ def agent(
                                     rich_help_panel="Filters"),
     port: List[int] = typer.Option([], "--port", help="trace TCP connections on this port (repeat)",
                                    rich_help_panel="Filters"),
-    lib: List[Path] = typer.Option([], "--lib", help="libzmq/libmxnet.so/libpaddle.so to probe in every selected "
+    lib: List[Path] = typer.Option([], "--lib", help="a framework library the job loads (README: what it understands) to probe in every selected "
                                    "process, also ones not started yet (repeat)", rich_help_panel="Filters"),
     host_id: Optional[str] = typer.Option(None, "--host-id", help="host id (default: the hostname; "
                                           "a named netns is a host of that name)", rich_help_panel="Output"),

@@ -28,9 +28,8 @@ class FrameworkDecoder:
     By the shape of each kind (probes.framework.KINDS). Frames: the pieces of one
     (thread, socket, direction) joined up to the one without "more", a new socket's
     type kept for its later messages; tuples unpacked straight from the ring record
-    instead of an object per event (this ran ~4 times per ps-lite message, once per
-    frame, and was the agent's largest per-event cost; the kernel now sends one event
-    per message). Calls: one event per message. Entries: one event per end of an RPC.
+    instead of an object per event (once per frame, it was the agent's largest
+    per-event cost). Calls: one event per message. Entries: one event per end of an RPC.
     The ids are the layer's protocol's (parsers.registry.FRAMEWORK_RECORD_IDS).
     tests/oracles/framework.py is the reference this is tested against.
     """

@@ -73,7 +73,7 @@ MESSAGES_SCHEMA = pa.schema([
     ("key_sample_complete", pa.bool_()),  # False when lost bytes hid part of the keys
     ("value_bytes", pa.int64()), ("msg_bytes", pa.int64()),  # msg_bytes: the protocol's bytes on the wire
     ("detail", pa.string()),
-    ("framework_layer", pa.string()),     # whose time ts_framework_ns is: "zmq" | "ps" | "brpc" | null (probes.framework layers)
+    ("framework_layer", pa.string()),     # whose time ts_framework_ns is: a layer of probes.framework (KINDS), or null
     # stages (see TxStage / RxStage); rx rows reuse ts_framework_ns for the hand-over
     ("ts_framework_ns", _ts),
     ("ts_send_first_enter_ns", _ts), ("ts_send_last_exit_ns", _ts),

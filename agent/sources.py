@@ -379,7 +379,6 @@ def _framework_tap_class():
     decoders as replay) instead of assembling them itself, and can take more
     libraries after it started."""
     from probes.framework import FrameworkProbe, FwEvent
-    from probes.zmq_layout import calibrate
 
     tgid_at = FwEvent.tgid.offset
 
@@ -407,22 +406,15 @@ def _framework_tap_class():
             why = refusal(t.library, t.owner_pid)
             if why:
                 return why
-            if t.layer == "zmq":
-                if self.layout is None:
-                    return "the framework probe was built without a libzmq layout"
-                if not calibrate(t.library).same_offsets(self.layout):
-                    return f"{t.library} lays out zmq_msg_t differently from {self.layout.library}"
+            why = self.layout_refusal(t)
+            if why:
+                return why
             for p in POINTS[t.layer]:
                 self._attach(t, p)
             self.targets.append(t)
             return None
 
     return FrameworkTap
-
-
-# What every library probes.framework.targets_of_pid can find has in its path (its
-# name starts libzmq- / libzmq. or is libmxnet.so or libpaddle.so)
-_FRAMEWORK_PATH_PARTS = (b"/libzmq", b"/libmxnet.so", b"/libpaddle.so")
 
 
 def _may_map_framework(tgid: int) -> bool:
@@ -436,7 +428,8 @@ def _may_map_framework(tgid: int) -> bool:
             maps = f.read()
     except OSError:
         return True
-    return any(part in maps for part in _FRAMEWORK_PATH_PARTS)
+    from probes.framework import LIBRARY_PATH_PARTS
+    return any(part in maps for part in LIBRARY_PATH_PARTS)
 
 
 def _vsize(tgid: int) -> int | None:
@@ -622,12 +615,12 @@ class LiveSource:
 
     def _probe_library(self, library: Path, pid: int | None, layer: str | None = None,
                        found_in: int | None = None) -> None:
-        from probes.framework import Target, _LIB_PATTERNS
+        from probes.framework import LIBRARY_NAMES, Target, layer_of
 
         if layer is None:
-            layer = next((ly for ly, pat in _LIB_PATTERNS.items() if pat.match(library.name)), None)
+            layer = layer_of(library.name)
             if layer is None:
-                raise UserError(f"--lib {library}: not a libzmq, libmxnet.so or libpaddle.so; give the path "
+                raise UserError(f"--lib {library}: not a {LIBRARY_NAMES}; give the path "
                                 "of the framework library the job loads")
             if not library.is_file():
                 raise UserError(f"--lib {library}: no such file")

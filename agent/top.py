@@ -380,7 +380,7 @@ def top(
                                     rich_help_panel="Filters"),
     port: List[int] = typer.Option([], "--port", help="no agent: trace TCP connections on this port (repeat)",
                                    rich_help_panel="Filters"),
-    lib: List[Path] = typer.Option([], "--lib", help="no agent: libzmq/libmxnet.so/libpaddle.so to probe "
+    lib: List[Path] = typer.Option([], "--lib", help="no agent: a framework library the job loads (README) to probe "
                                    "(repeat)", rich_help_panel="Filters"),
     netstack: bool = typer.Option(True, "--netstack/--no-netstack", help="no agent: also probe the kernel "
                                   "network stack (NIC components; --no-netstack starts faster)",

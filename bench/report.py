@@ -3,10 +3,10 @@ dirs of 10k, 100k and 1M requests into the JSON summary and the HTML report.
 
     python -m bench.report [--sizes 10000,100000,1000000] [--workers 32] [--servers 8]
 
-Run dirs come from reports.simulate (shaped like the agent's: each request
+Run dirs come from workloads.simulated.job (shaped like the agent's: each request
 slice is a request and a response message, each seen on both its hosts, with
 realistic per-component delays, control messages, connections, key samples
-and counters added by reports.simulate_views) on many hosts (--workers +
+and counters added by workloads.simulated.views) on many hosts (--workers +
 --servers). Each size is generated in one child process and measured in a
 fresh one, so that neither the generator's memory nor another size's counts:
 the child times each stage (read + dissect, summary + JSON, HTML) and reads
@@ -81,8 +81,8 @@ def per_request_us(seconds: float | None, requests: int) -> float | None:
 
 def generate(out: Path, requests: int, workers: int, servers: int, seed: int) -> dict:
     """Run dirs for `requests` request slices over workers x servers hosts."""
-    from reports.simulate import Sim, simulate
-    from reports.simulate_views import ViewSim, add_views
+    from workloads.simulated.job import Sim, simulate
+    from workloads.simulated.views import ViewSim, add_views
 
     per_worker = max(1, requests // workers)
     sim = Sim(workers=workers, servers=servers, requests=per_worker, wire_req_ns=1_000_000,

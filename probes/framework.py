@@ -149,6 +149,15 @@ KINDS = {Kind.ZMQ_SEND: KindFacts("zmq", "frames", "send"),
 
 _LIB_PATTERNS = {"zmq": re.compile(r"^libzmq[-.].*\.so"), "ps": re.compile(r"^libmxnet\.so$"),
                  "brpc": re.compile(r"^libpaddle\.so$")}
+LIBRARY_NAMES = "libzmq, libmxnet.so or libpaddle.so"   # what _LIB_PATTERNS match, for messages
+# what a /proc/PID/maps line of every library _LIB_PATTERNS matches holds: a cheap
+# look before targets_of_pid parses the maps
+LIBRARY_PATH_PARTS = (b"/libzmq", b"/libmxnet.so", b"/libpaddle.so")
+
+
+def layer_of(library_name: str) -> str | None:
+    """The layer a framework library of this file name is probed as; None: not one."""
+    return next((ly for ly, pat in _LIB_PATTERNS.items() if pat.match(library_name)), None)
 
 
 @dataclass(frozen=True)
@@ -186,9 +195,9 @@ def targets_of_pid(pid: int) -> list[Target]:
         if len(parts) < 6 or not parts[5].startswith("/"):
             continue
         path = parts[5].removesuffix(" (deleted)")
-        for layer, pattern in _LIB_PATTERNS.items():
-            if pattern.match(Path(path).name):
-                found.setdefault(path, Target(_visible_path(Path(path), pid), layer, pid))
+        layer = layer_of(Path(path).name)
+        if layer is not None:
+            found.setdefault(path, Target(_visible_path(Path(path), pid), layer, pid))
     return list(found.values())
 
 
@@ -290,8 +299,8 @@ class FrameworkProbe:
     def __init__(self, targets: Sequence[Target], *, ringbuf_pages: int = DEFAULT_RINGBUF_PAGES,
                  inflight_max: int = DEFAULT_INFLIGHT_MAX, decoder=None) -> None:
         if not targets:
-            raise UserError("no framework library to trace; give a pid that loads libzmq, "
-                            "libmxnet.so or libpaddle.so, or a library path")
+            raise UserError(f"no framework library to trace; give a pid that loads {LIBRARY_NAMES}, "
+                            "or a library path")
         pages = _check_int("ring buffer pages", ringbuf_pages, 1, 1 << 16)
         if pages & (pages - 1):
             raise UserError(f"ring buffer pages must be a power of two, not {pages}")
@@ -311,6 +320,17 @@ class FrameworkProbe:
         self._out: list = []
         self.decoder = decoder
         self.decoded = 0
+
+    def layout_refusal(self, t: Target) -> str | None:
+        """Why a target added after the build cannot be probed by this program (its
+        layer reads memory through a layout the program was built with), or None."""
+        if t.layer != "zmq":
+            return None
+        if self.layout is None:
+            return "the framework probe was built without a libzmq layout"
+        if not calibrate(t.library).same_offsets(self.layout):
+            return f"{t.library} lays out zmq_msg_t differently from {self.layout.library}"
+        return None
 
     @staticmethod
     def _one_layout(targets: Iterable[Target]) -> ZmqMsgLayout | None:

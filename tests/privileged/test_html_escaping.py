@@ -21,8 +21,8 @@ import pytest
 
 from reports.dissect import dissect
 from reports.html import write_html
-from reports.simulate import Sim, simulate
-from reports.simulate_views import ViewSim, add_views
+from workloads.simulated.job import Sim, simulate
+from workloads.simulated.views import ViewSim, add_views
 from agent.child import AgentProcess
 from agent.rundir import META_FILE
 from probes.zmq_layout import pyzmq_libzmq

@@ -7,7 +7,7 @@ import pytest
 
 from reports.clocks import ClockModel, clock_identity, clock_models, estimate
 from reports.dissect import dissect
-from reports.simulate import Sim, joined_to_truth, simulate
+from workloads.simulated.job import Sim, joined_to_truth, simulate
 
 SKEW = {"ps1": (5_000_000, 50.0), "w1": (-2_000_000, -20.0)}   # 5 ms + 50 ppm; -2 ms - 20 ppm
 

@@ -4,7 +4,7 @@ import pytest
 
 from reports import components as C
 from reports.dissect import dissect
-from reports.simulate import Sim, joined_to_truth, simulate
+from workloads.simulated.job import Sim, joined_to_truth, simulate
 from reports.summary import summary
 
 

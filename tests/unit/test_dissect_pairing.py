@@ -1,6 +1,6 @@
 """Pairing across hosts: each message's two ends, each request with its response.
 
-The run dirs are simulated with a known truth (reports.simulate): with one
+The run dirs are simulated with a known truth (workloads.simulated.job): with one
 shared clock every component of every request must equal the truth exactly,
 which a wrong pairing (of ends, or of request and response) cannot do when
 the delays jitter.
@@ -11,7 +11,7 @@ import pytest
 
 from reports.dissect import dissect
 from reports.pairing import pair_ends, pair_requests
-from reports.simulate import TRUTH_KEY, Sim, joined_to_truth, simulate
+from workloads.simulated.job import TRUTH_KEY, Sim, joined_to_truth, simulate
 
 KEY = TRUTH_KEY
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from reports.dissect import dissect
 from reports.findings import agents, health_findings, traffic_gaps
-from reports.simulate import Sim, simulate
+from workloads.simulated.job import Sim, simulate
 from reports.viewmodel import build_model
 
 

@@ -1,5 +1,5 @@
 """The HTML report and the view model behind it, on simulated run dirs with known truth
-(reports.simulate + reports.simulate_views); the browser tests are in tests/privileged."""
+(workloads.simulated.job + workloads.simulated.views); the browser tests are in tests/privileged."""
 import json
 import re
 from pathlib import Path
@@ -12,8 +12,8 @@ from reports.concurrency import in_flight
 from reports.dissect import dissect
 from reports.extra import RunContext
 from reports.html import render, script_json
-from reports.simulate import Sim, simulate
-from reports.simulate_views import ViewSim, add_views
+from workloads.simulated.job import Sim, simulate
+from workloads.simulated.views import ViewSim, add_views
 from reports.skew import key_skew
 from reports.viewmodel import build_model
 

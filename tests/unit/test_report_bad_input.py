@@ -11,7 +11,7 @@ import pytest
 from core.errors import UserError
 from agent.rundir import RunDirWriter
 from reports.dissect import dissect
-from reports.simulate import Sim, simulate
+from workloads.simulated.job import Sim, simulate
 from reports.summary import summary
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from core.errors import UserError
 from reports import components as C
 from reports.render_term import SummaryView
 from reports.report_cli import pick_format, report
-from reports.simulate import Sim, simulate
+from workloads.simulated.job import Sim, simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "reports"
 ROOT = Path(__file__).resolve().parents[2]

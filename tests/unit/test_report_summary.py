@@ -6,7 +6,7 @@ import pytest
 
 from reports import components as C
 from reports.dissect import dissect
-from reports.simulate import Sim, simulate
+from workloads.simulated.job import Sim, simulate
 from reports.summary import summary
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "reports"

@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from reports.dissect import dissect
-from reports.simulate import Sim, simulate
-from reports.simulate_views import ViewSim, add_views
+from workloads.simulated.job import Sim, simulate
+from workloads.simulated.views import ViewSim, add_views
 from reports.term_report import FullReport
 from reports.viewmodel import build_model
 

@@ -7,7 +7,7 @@ import pytest
 
 from reports import components as C
 from reports.dissect import dissect
-from reports.simulate import Sim, simulate
+from workloads.simulated.job import Sim, simulate
 from reports.trace import _place, build_trace, merge, span_sequence, validate, write_trace
 
 

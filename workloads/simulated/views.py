@@ -1,6 +1,6 @@
-"""What reports.simulate's run dirs lack for the views, added with a known truth.
+"""What workloads.simulated.job's run dirs lack for the views, added with a known truth.
 
-reports.simulate writes the messages the dissection needs, with empty key
+workloads.simulated.job writes the messages the dissection needs, with empty key
 samples and no `connections` table. The HTML/terminal/trace views also show
 key skew, connection management and the agents' health, so this adds to those
 run dirs, as the agent would write them:

@@ -13,7 +13,7 @@ component of every request slice in the worker's clock, and each host pair's
 true clock relation.
 
     truth = simulate(tmp_path, Sim(requests=2000, wire_req_ns=1_000_000))
-    python -m reports.simulate --requests 100000    # time and peak memory of dissect()
+    python -m workloads.simulated.job --requests 100000    # time and peak memory of dissect()
 """
 from __future__ import annotations
 
