@@ -275,7 +275,11 @@ def _check_clock_samples(name: str, out: Path, wire: pd.DataFrame, large: bool) 
         w, left_on=["src_ip", "src_port", "dst_ip", "dst_port", "seq"],
         right_on=["ip_src", "sport", "ip_dst", "dport", "seq"], validate="one_to_one")
     assert len(j) >= 0.99 * len(m) and len(j) >= 100, f"{len(j)} of {len(m)} clock samples found on the wire"
-    assert (j.t_out <= j.t_in_mono_ns).all() and (j.t_in >= j.t_out_mono_ns).all(), "a clock sample not causal"
+    # the wire's receive can follow a send by under 1 us here: the wire's time in must be exact
+    lead_ns, lag_ns = (j.t_in_mono_ns - j.t_out).min(), (j.t_in - j.t_out_mono_ns).min()
+    print(f"\n{name}: smallest lead of a send on the wire's receive {lead_ns / 1e3:.2f} us, "
+          f"of a receive on the wire's send {lag_ns / 1e3:.2f} us")
+    assert lead_ns >= 0 and lag_ns >= 0, f"a clock sample not causal: lead {lead_ns} ns, lag {lag_ns} ns"
     j["owd"], j["wire"] = j.t_in - j.t_out, j.t_out_mono_ns - j.t_in_mono_ns
     g = j.groupby(["tx_host", "rx_host"]).agg(owd=("owd", "min"), wire=("wire", "min"))
     excess = g.owd - g.wire
