@@ -220,7 +220,7 @@ class Correlator:
         self._ready: list[Pending] = []
         self._waiting: list[Pending] = []              # rows waiting for their ids
         self._ids_seen = -1
-        # (layer, tgid, zmq socket, routing peer) -> conn_id
+        # (layer, tgid, framework socket, routing peer) -> conn_id
         self._bound: OrderedDict[tuple, str] = OrderedDict()
         # (tgid, netns, server endpoint) -> [lowest, highest] key the process sent it
         self._key_hull: OrderedDict[tuple, list[int]] = OrderedDict()

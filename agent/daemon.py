@@ -350,7 +350,7 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         print(src.generated().render())
         from probes.framework import SOURCE
         print(f"/* ==== framework uprobes ({SOURCE.name}): built per traced library with its "
-              f"calibrated zmq_msg_t layout as -D constants ==== */")
+              f"calibrated message layout as -D constants ==== */")
         print(SOURCE.read_text())
         return {}
     check_prerequisites()

@@ -58,7 +58,7 @@ class FrameworkDecoder:
             (kind, tgid, tid, sock, ts, first_ret, ret_ts, ret, more, arg, sizes, heads) = _fw.unpack_event(raw)
         elif len(raw) < _FW_FIXED_SIZE:
             raise ValueError(f"framework record of {len(raw)} bytes is shorter than its header")
-        else:   # probes.framework.unpack_event, inlined: once per zmq message
+        else:   # probes.framework.unpack_event, inlined: once per framework message
             v = _FW_FIXED_UNPACK(raw)
             ts, first_ret, ret_ts, sock, ret, tgid, tid, arg, kind, more, n = v[:11]
             if n > _fw.MAX_FRAMES:

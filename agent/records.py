@@ -16,7 +16,7 @@ import pyarrow as pa
 
 class TxStage(enum.IntEnum):
     """Send-side stages of one message, in causal order."""
-    FRAMEWORK_CALL = 0      # uprobe: ZMQVan::SendMsg / zmq_msg_send of the first frame
+    FRAMEWORK_CALL = 0      # uprobe: the framework's call that sends the message
     SEND_FIRST_ENTER = 1    # first send syscall entry that wrote a byte of it
     SEND_LAST_EXIT = 2      # exit of the send syscall that wrote its last byte
     XMIT_LAST = 3           # driver handoff of the segment carrying its last byte
@@ -29,7 +29,7 @@ class RxStage(enum.IntEnum):
     NETIF_RX_LAST = 1       # netif_receive of the last segment
     DATA_READY = 2          # socket data-ready for the last byte
     RECV_LAST_EXIT = 3      # exit of the recv syscall that consumed the last byte
-    FRAMEWORK_HANDOVER = 4  # uprobe: ZMQVan::RecvMsg return / zmq_msg_recv of the last frame
+    FRAMEWORK_HANDOVER = 4  # uprobe: the framework hands the whole message to the app
 
 
 TX_STAGE_COLUMNS = {
