@@ -15,7 +15,9 @@ What must agree, for ps-lite:
   wire's key sample (parsers/keysample.py: bottom-k by hash): a first key that
   hashes below the sample's largest hash must be in the sample.
 The peer: a ROUTER's routing id "ps<id>" names the sending node (zmq layer); at the
-ps layer the meta names sender and receiver.
+ps layer the meta names sender and receiver. BytePS (rawmeta.py): the meta frame is a
+RawMeta, and a server's answers carry its id "ps<id>" as a frame of their own before
+it (on the wire, unlike a routing id): on a worker's DEALER that frame names the sender.
 
 Decoding the record's bytes is here too: the probe copies the first CAPTURE_BYTES of
 each frame (or of ps::Meta) and knows nothing of ps-lite; the ids of the meta (a
@@ -34,6 +36,7 @@ from parsers.protowire import varint
 
 from .message import call_space_of
 from .meta import PS_META_EMPTY, PBMeta, is_node_identity, node_id_of_identity
+from .rawmeta import raw_head, routing_id
 
 ZMQ_DEALER, ZMQ_ROUTER = 5, 6   # public libzmq socket type numbers
 ROUTING_ID_MAX_BYTES = 255      # libzmq refuses longer routing ids
@@ -125,6 +128,27 @@ def decode_pbmeta(head: bytes, size: int) -> MetaIds | None:
                    truncated=truncated)
 
 
+def decode_raw_meta(head: bytes, size: int) -> MetaIds | None:
+    """Ids from a BytePS RawMeta frame of `size` bytes whose first len(head) bytes were
+    captured (its ids all lie in the first RAW_HEAD_BYTES); None if it is not one."""
+    f = raw_head(head, size)
+    if f is None:
+        return None
+    hd, _body, cmd, _nodes, _barrier, _sig, request, app, ts, _dts, cust, push, simple = f
+
+    def opt(v):
+        return None if v == PS_META_EMPTY else v
+
+    return MetaIds(app_id=opt(app), customer_id=opt(cust), timestamp=opt(ts), request=bool(request),
+                   push=bool(push), head=opt(hd), simple_app=bool(simple), control_cmd=cmd or None,
+                   truncated=size > len(head))
+
+
+def decode_meta_frame(head: bytes, size: int) -> MetaIds | None:
+    """Ids from a meta frame of either variant, RawMeta tried first (rawmeta.py says why)."""
+    return decode_raw_meta(head, size) or decode_pbmeta(head, size)
+
+
 def decode_ps_meta(head: bytes) -> MetaIds | None:
     """Ids from the leading bytes of a ps::Meta (PS_META_FORMAT)."""
     if len(head) < _PS_META_BYTES:
@@ -157,14 +181,21 @@ def routing_id_frames(sock_type: int | None, sizes, heads) -> int:
     return 1 if is_node_identity(head) or (size == 5 and head[0] == 0) else 0
 
 
+def sender_id_frames(sizes, heads) -> int:
+    """1 if a message's wire frames start with a BytePS server's sender id "ps<N>"
+    before its meta (rawmeta.py), else 0."""
+    return int(len(sizes) >= 2 and sizes[0] == len(heads[0]) and routing_id(heads[0]) is not None)
+
+
 _MISSING = object()
 META_CACHE_MAX = 4096  # meta frames decoded, kept until both ends' records came (cleared when full)
 
 
 class ZmqRecordIds:
     """The ids of a record of the zmq layer (a message's frames): a ROUTER's routing id
-    is the peer; the meta frame (PBMeta) after it gives the ids, with the sender taken
-    from a received message's routing id. Decoded once per distinct meta frame: the
+    is the peer; the meta frame (PBMeta or RawMeta; behind BytePS's sender id) after it
+    gives the ids, with the sender taken from a received message's routing id (or
+    sender id). Decoded once per distinct meta frame: the
     sender's and the receiver's records of one message carry the same one (one agent per
     kernel sees both), and MetaIds is immutable."""
     keyed = False
@@ -180,6 +211,10 @@ class ZmqRecordIds:
         sizes, heads = fields["frame_sizes"], fields["frame_heads"]
         at = routing_id_frames(sock_type, sizes, heads)
         peer = fields["peer"] = heads[0] if at else None
+        sid = sender_id_frames(sizes[at:], heads[at:])
+        if sid and peer is None:
+            peer = heads[at]   # a DEALER's receive: the sender id names who sent it
+        at += sid
         if at >= len(sizes):
             fields["meta"] = None
             return
@@ -188,7 +223,7 @@ class ZmqRecordIds:
         if meta is _MISSING:
             if len(self._metas) >= META_CACHE_MAX:
                 self._metas.clear()
-            meta = self._metas[key] = decode_pbmeta(*key)
+            meta = self._metas[key] = decode_meta_frame(*key)
         if meta is not None and peer is not None and fields["direction"] == "recv":
             node = self._nodes.get(peer, _MISSING)
             if node is _MISSING:
@@ -268,13 +303,17 @@ def record_facts(fm) -> RecordFacts | None:
     sizes, heads = tuple(fm.frame_sizes), tuple(fm.frame_heads)
     if fm.peer is not None and sizes:
         sizes, heads = sizes[1:], heads[1:]   # a ROUTER's routing id
+    sid = sender_id_frames(sizes, heads) if fm.layer == "zmq" else 0
     if fm.layer == "ps":
         peer_id = meta.sender if not tx else meta.recver
+    elif fm.peer:
+        peer_id = node_id_of_identity(fm.peer)
     else:
-        peer_id = node_id_of_identity(fm.peer) if fm.peer else None
+        peer_id = node_id_of_identity(heads[0]) if sid and not tx else None
     head_keys: tuple = ()
-    if len(heads) >= 2 and len(heads[1]) >= 8 and sizes and sizes[1] % 8 == 0:
-        n = min(len(heads[1]), sizes[1]) // 8
-        head_keys = struct.unpack_from(f"<{n}Q", heads[1])
+    k = 1 + sid   # the keys frame: the one after the meta
+    if len(heads) > k and len(heads[k]) >= 8 and sizes[k] % 8 == 0:
+        n = min(len(heads[k]), sizes[k]) // 8
+        head_keys = struct.unpack_from(f"<{n}Q", heads[k])
     ids = (call_space_of(meta.app_id, meta.customer_id), meta.timestamp, meta.request)
     return RecordFacts(ids, peer_id, head_keys, meta, zmtp_bytes(sizes) if fm.layer == "zmq" and sizes else None)

@@ -70,8 +70,11 @@ RAW_NODE_BYTES = 168
 DATA_TYPE_INT_BYTES = 4      # one int per data frame
 HOSTNAME_BYTES = 64
 
-_RAW = struct.Struct("<iiiii4xQB3xiiiiBB2xi4xQQii")
-assert _RAW.size == RAW_META_BYTES
+# the struct up to simple_app (offset 54): what a framework record's 64-byte copy of
+# the frame holds, and all that is decoded (data_size, key, addr, val_len, option not)
+_RAW_HEAD = struct.Struct("<iiiii4xQB3xiiiiBB")
+RAW_HEAD_BYTES = _RAW_HEAD.size
+assert RAW_HEAD_BYTES == 54
 _RAW_NODE = struct.Struct("<ii64siB3xi64s4xQi4x")
 assert _RAW_NODE.size == RAW_NODE_BYTES
 # the padding and every byte the struct's bzero leaves zero on a data message's
@@ -88,29 +91,41 @@ PBMETA = "pbmeta"
 RAWMETA = "rawmeta"
 
 
-def read_raw_meta(body) -> MetaInfo | None:
-    """Decode a RawMeta frame (struct, body, data types, nodes); None unless it is one
-    as PackMeta packs it (module docstring). Never raises."""
-    n = len(body)
-    if n < RAW_META_BYTES:
+def raw_head(body, size: int) -> tuple | None:
+    """The struct's fields up to `push`/`simple_app` from the first bytes of a frame of
+    `size` bytes (at least RAW_HEAD_BYTES of it in `body`), checked as the module
+    docstring says (size equation, padding, bools, control); None if it fails."""
+    if size < RAW_META_BYTES or len(body) < RAW_HEAD_BYTES:
         return None
-    (head, body_size, cmd, node_size, barrier_group, msg_sig, request, app_id, timestamp,
-     dt_size, customer_id, push, simple_app, _data_size, _key, _addr, _val_len,
-     _option) = _RAW.unpack_from(body, 0)
+    f = _RAW_HEAD.unpack_from(body, 0)
+    (_head, body_size, cmd, node_size, barrier_group, msg_sig, request, app_id, timestamp,
+     dt_size, customer_id, push, simple_app) = f
     if (body_size < 0 or not 0 <= dt_size <= MAX_DATA_FRAMES or node_size < 0
-            or n != RAW_META_BYTES + body_size + DATA_TYPE_INT_BYTES * dt_size + RAW_NODE_BYTES * node_size):
+            or size != RAW_META_BYTES + body_size + DATA_TYPE_INT_BYTES * dt_size + RAW_NODE_BYTES * node_size):
         return None
     if request > 1 or push > 1 or simple_app > 1 or not 0 <= cmd <= MAX_CONTROL_CMD:
         return None
     mv = memoryview(body)
     for a, b in _PADDING:
-        if mv[a:b] != _ZERO4[:b - a]:
+        if b <= len(mv) and mv[a:b] != _ZERO4[:b - a]:
             return None
     if cmd == 0 and (node_size or barrier_group or msg_sig):
         return None
-    app_id, customer_id, timestamp = _unset(app_id), _unset(customer_id), _unset(timestamp)
-    if not ids_ok(app_id, customer_id, timestamp):
+    if not ids_ok(_unset(app_id), _unset(customer_id), _unset(timestamp)):
         return None
+    return f
+
+
+def read_raw_meta(body) -> MetaInfo | None:
+    """Decode a RawMeta frame (struct, body, data types, nodes); None unless it is one
+    as PackMeta packs it (module docstring). Never raises."""
+    n = len(body)
+    f = raw_head(body, n)
+    if f is None:
+        return None
+    (head, body_size, cmd, node_size, _barrier_group, _msg_sig, request, app_id, timestamp,
+     dt_size, customer_id, push, simple_app) = f
+    app_id, customer_id, timestamp = _unset(app_id), _unset(customer_id), _unset(timestamp)
     at = RAW_META_BYTES + body_size
     dts = struct.unpack_from("<%di" % dt_size, body, at) if dt_size else ()
     if not data_types_ok(dts):

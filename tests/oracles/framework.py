@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from parsers.pslite.framework import ROUTING_ID_MAX_BYTES, ZMQ_ROUTER, decode_pbmeta, decode_ps_meta
+from parsers.pslite.framework import ROUTING_ID_MAX_BYTES, ZMQ_ROUTER, decode_pbmeta, decode_ps_meta, decode_raw_meta
 from parsers.pslite.meta import is_node_identity, node_id_of_identity
 from probes.framework import CAPTURE_BYTES, FrameCall, FrameworkMessage, FwEvent, KeyedMessage, Kind
 
@@ -59,9 +59,16 @@ class MessageAssembler:
         if len(sizes) >= 2 and (sock_type == ZMQ_ROUTER or (
                 sock_type is None and _looks_like_routing_id(heads[0], sizes[0]))):
             peer, at = heads[0], 1
-        meta = decode_pbmeta(heads[at], sizes[at]) if at < len(sizes) else None
-        if meta is not None and peer is not None and direction == "recv":
-            node = node_id_of_identity(peer)
+        sender = peer
+        if (at + 1 < len(sizes) and 3 <= sizes[at] <= 12 and len(heads[at]) == sizes[at]
+                and heads[at][:2] == b"ps" and heads[at][2:].isdigit()):
+            # BytePS: a server's id "ps<N>" as the frame before its RawMeta
+            sender, at = sender or heads[at], at + 1
+        meta = None
+        if at < len(sizes):
+            meta = decode_raw_meta(heads[at], sizes[at]) or decode_pbmeta(heads[at], sizes[at])
+        if meta is not None and sender is not None and direction == "recv":
+            node = node_id_of_identity(sender)
             if node is not None:
                 meta = replace(meta, sender=node)
         return FrameworkMessage(

@@ -220,3 +220,48 @@ def test_a_library_is_never_probed_twice_for_the_same_process(monkeypatch):
     probe = FrameworkProbe([Target(lib, "ps", 10), Target(lib, "ps", 10), Target(lib, "ps"),
                             Target(lib, "ps", 11), Target(Path("/other/libmxnet.so"), "ps", 10)])
     assert probe.targets == [Target(lib, "ps"), Target(Path("/other/libmxnet.so"), "ps", 10)]
+
+
+# ---- BytePS: a RawMeta, and a server's sender id before it -------------------------------
+
+def _byteps_answer(timestamp: int = 17):
+    from parsers.pslite import encode as penc
+    spec = penc.MessageSpec(request=False, push=False, head=2, timestamp=timestamp, keys=[5 << 16],
+                            vals=b"\x01" * 32, lens=[32])
+    return spec.raw_frames(routing_id=b"ps8")   # ["ps8", RawMeta, keys, vals, lens]
+
+
+def test_a_byteps_servers_answer_through_its_router_names_the_worker_and_the_ids():
+    from parsers.pslite.framework import record_facts, zmtp_bytes
+    asm = Checked()
+    asm.feed(call(Kind.ZMQ_SOCKET, sock=0xE0, arg=ZMQ_ROUTER))
+    wire = _byteps_answer()
+    (m,) = feed_all(asm, multipart(Kind.ZMQ_SEND, [b"ps9"] + wire, sock=0xE0))
+    assert m.peer == b"ps9" and (m.meta.timestamp, m.meta.request, m.meta.push) == (17, False, False)
+    f = record_facts(m)
+    assert f.peer_id == 9 and f.head_keys == (5 << 16,)
+    assert f.wire_bytes == zmtp_bytes([len(x) for x in wire])   # the sender id is on the wire
+
+
+def test_a_workers_dealer_takes_the_sender_id_frame_as_the_sender():
+    from parsers.pslite.framework import record_facts, zmtp_bytes
+    asm = Checked()
+    asm.feed(call(Kind.ZMQ_SOCKET, sock=0xD0, arg=ZMQ_DEALER))
+    wire = _byteps_answer(timestamp=3)
+    (m,) = feed_all(asm, multipart(Kind.ZMQ_RECV, wire, sock=0xD0))
+    assert m.peer is None and m.meta.sender == 8 and m.meta.timestamp == 3
+    f = record_facts(m)
+    assert f.peer_id == 8 and f.head_keys == (5 << 16,) and f.wire_bytes == zmtp_bytes([len(x) for x in wire])
+
+
+def test_a_rawmeta_decodes_from_the_captured_head_and_garbage_does_not():
+    from parsers.pslite.framework import decode_meta_frame
+    raw = _byteps_answer()[1]
+    assert len(raw) > CAPTURE_BYTES
+    ids = decode_meta_frame(raw[:CAPTURE_BYTES], len(raw))
+    assert (ids.timestamp, ids.request, ids.push, ids.head, ids.truncated) == (17, False, False, 2, True)
+    assert decode_meta_frame(raw[:CAPTURE_BYTES], len(raw) + 4) is None    # not PackMeta's size
+    bad = bytearray(raw)
+    bad[20] = 1                                                             # padding not zero
+    assert decode_meta_frame(bytes(bad[:CAPTURE_BYTES]), len(raw)) is None
+    assert decode_meta_frame(bytes(range(64)), 100) is None
