@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from agent.bypass import REPORTED_MAX as BYPASS_LISTED_MAX
 from agent.clocksamples import NS_EV_CLOCK, clock_sample_row
 from agent.clockskew import ClockSkew
 from agent.correlate import Connections, Correlator
@@ -102,6 +103,7 @@ class Pipeline:
         self.rows: dict[str, int] = {}
         self.probe_counters: dict[str, dict[str, int]] = {}
         self.cpu_s = 0.0
+        self._bypass_unlisted: dict[str, int] = {}   # host -> bypassing processes past its list
         self.live = None   # agent.live.LiveAggregates fed with every row, watermark and counter tick
         self.skews: dict[str, ClockSkew] = dict(skews or {})   # host -> a clock error put on on purpose (tests)
         from agent.shedding import SamplingRecord
@@ -157,6 +159,15 @@ class Pipeline:
             self.host_map.set(int(note["netns"]), str(note["host"]))
         if "sampling" in note:
             self.sampling.on_note(note["sampling"], self.live)
+        if "kernel_bypass" in note:   # agent/bypass.py: a process whose messages skip the sockets
+            found = note["kernel_bypass"]
+            netns = found.get("netns")
+            host = self.host_map.host_of(netns) if type(netns) is int else self.host_map.default
+            listed = self._writer(host).meta.setdefault("kernel_bypass", [])
+            if len(listed) < BYPASS_LISTED_MAX:
+                listed.append({k: found.get(k) for k in ("pid", "comm", "protocol", "transport", "setting")})
+            else:
+                self._bypass_unlisted[host] = self._bypass_unlisted.get(host, 0) + 1
 
     def _emit(self, netns_ino: int, row: dict) -> None:
         host = row["host_id"]
@@ -239,6 +250,7 @@ class Pipeline:
         out["sync_hints_count_only"] = self.decoder.hints_count_only   # unrecognised after a mid-stream hunt
         out["framework_values_rejected"] = self.framework.values_rejected   # routing ids past int32
         out["consumer_cpu_s"] = round(self.cpu_s, 3)
+        out["kernel_bypass_not_listed"] = self._bypass_unlisted.get(host, 0)   # past meta.json's list
         # what the bounded maps dropped (agent.bounded): per connection, process, socket
         out["correlate_ids_evicted"] = self.correlator.ids.evicted
         out["tx_ends_evicted"] = self.correlator.tx_times.evicted

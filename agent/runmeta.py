@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from agent.bypass import REPORTED_MAX as BYPASS_REPORTED_MAX
 from agent.safefile import JsonTooDeep, parse_json, read_regular
 
 # The agent's meta.json is a few KiB; its sampling history grows by one pair per rate
@@ -75,6 +76,13 @@ def _object(v: Any) -> bool:
     return type(v) is dict
 
 
+def _bypass_list(v: Any) -> bool:
+    return (type(v) is list and len(v) <= BYPASS_REPORTED_MAX
+            and all(type(e) is dict and _count(e.get("pid"))
+                    and all(_text(e.get(k)) for k in ("comm", "protocol", "transport", "setting"))
+                    for e in v))
+
+
 # (path, check, what the value must be); a container before what is inside it
 Check = Callable[[Any], bool]
 FIELDS: list[tuple[tuple[str, ...], Check, str]] = [
@@ -95,6 +103,7 @@ FIELDS: list[tuple[tuple[str, ...], Check, str]] = [
     (("clock_discipline",), _object, "an object"),
     (("clock_discipline", "synced"), _flag, "true or false"),
     (("clock_discipline", "esterror_us"), _number, "a duration in us"),
+    (("kernel_bypass",), _bypass_list, "a list of processes (pid, comm, protocol, transport, setting)"),
     (("counters",), _object, "an object"),
     *((("counters", c), _count, "a count") for c in ("messages", "rows_dropped", "shards_failed",
                                                       "meta_write_failures", "unparsed_bytes", "lost_bytes")),

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
+from agent.bypass import BypassWatch
 from agent.delivered import Delivered
 from core.errors import UserError, say
 
@@ -465,6 +466,7 @@ class LiveSource:
         self._readers: list[tuple[str, object]] = []   # (probe, probes.loader.RingReader) per kernel ring
         self._probed: set[tuple] = set()      # (library, layer, pid or None)
         self._known_tgids: set[int] = set()
+        self.bypass = BypassWatch()           # processes whose messages go around the sockets
         self._lib_wait: dict[int, float] = {}   # tgid -> when first seen without a framework library
         self._vsize_seen: dict[int, int] = {}    # tgid -> its address space's size at that look
         self._next_scan = 0.0
@@ -579,12 +581,14 @@ class LiveSource:
         # running (process churn would grow them), and a reused pid is looked at anew
         alive = set(running)
         self._known_tgids &= alive
+        self.bypass.forget_exited(alive)
         for seen in (self._lib_wait, self._vsize_seen):
             for tgid in [t for t in seen if t not in alive]:
                 del seen[tgid]
         for tgid in running:
             if tgid in self._known_tgids:
                 continue
+            self._judge_transport(tgid)
             vsize = _vsize(tgid)
             # nothing mapped or unmapped since the last look: still no library
             unchanged = vsize is not None and self._vsize_seen.get(tgid) == vsize
@@ -612,6 +616,13 @@ class LiveSource:
                     # a library any process maps must not stop the agent (it may be
                     # a user's decoy): say so once and trace the rest
                     self.warn(f"framework boundary not traced in process {tgid}: {e}")
+
+    def _judge_transport(self, tgid: int) -> None:
+        for found in self.bypass.note(tgid, _proc_netns):
+            self.warn(f"process {found['pid']} ({found['comm']}) moves its {found['protocol']} messages "
+                      f"over {found['transport']} ({found['setting']}), around the kernel's sockets: "
+                      "invisible to pslat's probes (said in meta.json and the report)")
+            self.sink(NOTE_PROBE, json.dumps({"kernel_bypass": found}).encode())
 
     def _probe_library(self, library: Path, pid: int | None, layer: str | None = None,
                        found_in: int | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from parsers.brpc import BrpcStreamParser
 from parsers.brpc.framework import RecordIds as BrpcRecordIds
 from parsers.pslite import PsliteStreamParser, legacy
+from parsers.pslite import vans as byteps_vans
 from parsers.pslite.framework import PsRecordIds, ZmqRecordIds
 from parsers.pslite.framework import record_facts as pslite_record_facts
 
@@ -30,6 +31,23 @@ FRAMEWORK_LAYERS = {"ps": pslite_record_facts, "zmq": pslite_record_facts}
 # instance per agent): fill(fields, sock_type, request) sets a record's protocol fields
 # (peer and meta; call_key where keyed: the record is a KeyedMessage)
 FRAMEWORK_RECORD_IDS = {"zmq": ZmqRecordIds, "ps": PsRecordIds, "brpc": BrpcRecordIds}
+
+
+# protocol -> what tells from a process's environment ({variable: value}, bytes) that
+# it moves the protocol's messages around the kernel's sockets (RDMA, UCX...):
+# {"transport", "setting"} or None. Such traffic is invisible to every probe and capture.
+KERNEL_BYPASS = {"pslite": byteps_vans.kernel_bypass}
+
+
+def kernel_bypass(environ) -> list[dict]:
+    """What every registered protocol says of a process's environment: a list of
+    {"protocol", "transport", "setting"} (empty: nothing bypasses the kernel)."""
+    out = []
+    for name, judge in KERNEL_BYPASS.items():
+        got = judge(environ)
+        if got is not None:
+            out.append(dict(got, protocol=name))
+    return out
 
 
 def parser_class(name: str):

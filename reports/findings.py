@@ -387,9 +387,18 @@ def unrecognised_findings(m: dict[str, Any]) -> list[str]:
             + (f"; and {more} more groups" if more > 0 else "") + "."]
 
 
+def bypass_findings(m: dict[str, Any]) -> list[str]:
+    """Processes whose messages the probes could not see: they went around the kernel's
+    sockets (reports.viewmodel.kernel_bypass)."""
+    return [f"Traffic invisible to pslat: on {e['host']}, process {e['pid']} ({e['comm']}) moves its "
+            f"{e['protocol']} messages over {e['transport']} ({e['setting']}), around the kernel's sockets: "
+            "neither socket probes nor packet captures see them, and its requests are not in this report."
+            for e in m.get("kernel_bypass") or ()]
+
+
 def findings(m: dict[str, Any]) -> list[str]:
     out = breakdown_findings(m)
     if not out:
         out.append("No request had both its ends measured on the worker: nothing to break down.")
     return (out + concurrency_findings(m) + connection_findings(m) + skew_findings(m) + clock_findings(m)
-            + health_findings(m) + unrecognised_findings(m) + gap_findings(m))
+            + health_findings(m) + bypass_findings(m) + unrecognised_findings(m) + gap_findings(m))

@@ -199,6 +199,13 @@ def health(ctx: RunContext, d) -> list[dict[str, Any]]:
     return rows
 
 
+def kernel_bypass(ctx: RunContext) -> list[dict[str, Any]]:
+    """Traced processes whose messages went around the kernel's sockets (meta.json's
+    kernel_bypass, checked by agent.runmeta; agent/bypass.py), by host."""
+    return [dict(e, host=host) for host, meta in sorted(ctx.metas.items())
+            for e in meta.get("kernel_bypass") or ()]
+
+
 def build_model(d, run_dirs: list[Path] | None) -> dict[str, Any]:
     from reports.findings import findings, run_traffic_gaps
 
@@ -221,6 +228,7 @@ def build_model(d, run_dirs: list[Path] | None) -> dict[str, Any]:
         "health": health(ctx, d),
         "processes": processes(ctx),
         "traffic_gaps": run_traffic_gaps(ctx),
+        "kernel_bypass": kernel_bypass(ctx),
         "sampling_rate": d.sampling_rate,
         "started_realtime_ns": min((int(v["started_realtime_ns"]) for v in ctx.metas.values()
                                     if isinstance(v.get("started_realtime_ns"), int)), default=None),
