@@ -91,7 +91,9 @@ SOCKCALLS = Probe(
         # steps per walker pass (33 passes per call at most: ~1300 frames of small messages at
         # 64, ~650 at 32; beyond, counted walk_budget); the verifier refuses ~96
         "SOCKCALLS_WALK_STEPS": (64, 1, 64),
-        "SOCKCALLS_META_COPY_MAX": (512, 0, 2048),  # bytes of a meta frame (frame 0) copied out
+        # bytes of a meta frame copied out: a BytePS control message lists its nodes in the
+        # RawMeta, 88 + 168 bytes each (11 fit in 2048, the engine's bound: WK_PIECE_MAX x 4)
+        "SOCKCALLS_META_COPY_MAX": (2048, 0, 2048),
         "SOCKCALLS_COMMAND_COPY_MAX": (256, 0, 2048),  # bytes of a command frame copied out
         "SOCKCALLS_KEY_SAMPLE_MAX": (16, 0, 64),  # keys copied out per message
         "SOCKCALLS_KEY_SCAN_BLOCKS": (4, 1, 64),  # blocks of 64 keys hashed per keys frame

@@ -194,7 +194,9 @@ struct wk_state {
 	u32 cand_seq;   /* ... where it predicts the next header */
 	u32 cand_idx;   /* ... and that header's frame index */
 	u8 proto;       /* SOCKCALL_PROTO_*: the framing this direction is walked with */
-	u8 _pad[7];
+	u8 msg_aux;     /* the framing's, per message, set at its frame 0 (0 where the walk
+	                 * joins a message past it): e.g. where the message's meta frame is */
+	u8 _pad[6];
 };
 
 /* A sync hint from user space (probes/sockcalls.py set_sync_hint). */
@@ -1073,6 +1075,7 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
 		} else if ((u64)d < total) {
 			at = (u64)d;
 			w->st.frame_idx = h->frame_idx;
+			w->st.msg_aux = 0;
 			sockcalls_sync_hint.delete(&w->key);
 			wk_count(SOCKCALL_COUNTER_HINTS_APPLIED, 1);
 		}
@@ -1217,6 +1220,7 @@ static __always_inline u64 wk_hunt_find(struct wk_scratch *s, const int proto)
 				w->st.cand_score = 0;
 			} else if (r == WK_CHAIN_DONE || score + 1 >= WK_HUNT_CONFIRM) {
 				w->st.frame_idx = w->st.cand_idx;
+				w->st.msg_aux = 0;
 				w->st.cand_score = 0;
 				return (u64)d;
 			} else {

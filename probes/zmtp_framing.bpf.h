@@ -7,8 +7,11 @@
  * is frames up to one without MORE; a command is one frame, between messages.
  *
  * What is copied (ps-lite): the greeting and every frame header; command
- * frames and the meta frame (frame 0: PBMeta), bounded; frame 1 (the keys,
- * uint64) is key-sampled. Everything else is a frame body the engine skips.
+ * frames and the meta frame, bounded; the frame after it (the keys, uint64)
+ * is key-sampled. Everything else is a frame body the engine skips. The meta
+ * is frame 0 (MXNet's PBMeta, BytePS's RawMeta), or frame 1 where frame 0 is
+ * shorter than any meta and has MORE set: a BytePS server's answers start
+ * with its sender id "ps<N>" (parsers/pslite/rawmeta.py), copied as well.
  *
  * Self-sync candidates: a short header of frame 0 (flags 0x00 or 0x01, size
  * >= 8) whose body starts with PBMeta's first tag (0x08); a chain follows
@@ -125,7 +128,10 @@ static __always_inline int zmtp_frame_begin(struct wk_scratch *s)
 		bound = SOCKCALLS_COMMAND_COPY_MAX;
 	} else if (st->frame_idx == 0) {
 		bound = SOCKCALLS_META_COPY_MAX;
-	} else if (st->frame_idx == 1 && size && !(size & 7)) {
+		st->msg_aux = (f & ZMTP_FLAG_MORE) && size < ZMTP_META_MIN; /* a sender id: the meta is next */
+	} else if (st->frame_idx == st->msg_aux) {
+		bound = SOCKCALLS_META_COPY_MAX;
+	} else if (st->frame_idx == 1u + st->msg_aux && size && !(size & 7)) {
 		wk_body_keys(st, size >> 3);
 	}
 	wk_body_copy(w, size, bound);

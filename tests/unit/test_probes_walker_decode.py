@@ -199,18 +199,26 @@ def test_stream_offsets_unwrap_sequence_numbers():
 
 # ---------------------------------------------------------------- the parser on a view
 
-def walked_view(stream: bytes, meta_max: int = 512):
-    """What the walker hands over for a stream seen from its start: the greeting,
-    every frame header, meta and command bodies; the rest skipped."""
+ZMTP_META_MIN = 8   # zmtp_framing.bpf.h: a frame 0 shorter than this, with MORE, is a sender id
+
+
+def walked_view(stream: bytes, meta_max: int = 2048):
+    """What the walker hands over for a stream seen from its start
+    (zmtp_framing.bpf.h): the greeting, every frame header, meta and command bodies
+    (the meta is frame 1 behind a short frame 0 with MORE: copied too); the rest
+    skipped."""
     from parsers.pslite.zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE
 
     view = [(0, stream[:64])]
-    pos, idx = 64, 0
+    pos, idx, meta_idx = 64, 0, 0
     while pos < len(stream):
         flags = stream[pos]
         hl = 9 if flags & FLAG_LONG else 2
         size = int.from_bytes(stream[pos + 1:pos + hl], "big")
-        copy = min(size, meta_max) if (flags & FLAG_COMMAND or idx == 0) else 0
+        if idx == 0:
+            meta_idx = int(bool(flags & FLAG_MORE) and size < ZMTP_META_MIN)
+        copied = flags & FLAG_COMMAND or idx == 0 or idx == meta_idx
+        copy = min(size, meta_max) if copied else 0
         view.append((pos, stream[pos:pos + hl + copy]))
         if size > copy:
             view.append((pos + hl + copy, Skip(size - copy)))
@@ -233,6 +241,29 @@ def test_feed_parser_rebuilds_messages_from_headers_and_metas():
     msgs = feed_parser(PsliteStreamParser(), view)
     assert [(m.timestamp, m.num_keys, m.first_byte_offset, m.last_byte_offset) for m in msgs] == [
         (i, n, a, b) for (i, n), (a, b) in zip(enumerate([1, 3, 40, 300]), spans)]
+
+
+def test_feed_parser_rebuilds_a_byteps_servers_answers_behind_their_sender_id():
+    """A BytePS server's answers: frame 0 its id "ps8", frame 1 the RawMeta, which
+    the walker copies as the meta; a control message with 8 nodes (88 + 8 x 168
+    bytes) within the copy bound."""
+    from parsers.pslite import PsliteStreamParser
+    from parsers.pslite.encode import MessageSpec, encode_stream
+    from parsers.pslite.meta import Cmd
+
+    nodes = [(1 + k % 2, 8 + k, "10.77.0.%d" % k, 9000 + k) for k in range(8)]
+    frames = [MessageSpec(request=True, control_cmd=Cmd.ADD_NODE, control_nodes=nodes, timestamp=0).raw_frames()]
+    for i in range(1, 9):
+        spec = MessageSpec(request=False, push=i % 2 == 0, timestamp=i,
+                           **({} if i % 2 == 0 else dict(keys=[i << 16], vals=b"\x00" * 32, lens=[32])))
+        frames.append(spec.raw_frames(routing_id=b"ps8"))
+    stream, spans = encode_stream(frames, identity=None, socket_type=b"ROUTER")
+    view = walked_view(stream)
+    assert sum(len(x) if isinstance(x, bytes) else int(x) for _, x in view) == len(stream)
+    msgs = feed_parser(PsliteStreamParser(), view)
+    assert [(m.first_byte_offset, m.last_byte_offset) for m in msgs] == spans
+    assert [m.call_id for m in msgs[1:]] == list(range(1, 9))
+    assert len(msgs[0].nodes) == 8 and all(m.sender_node_id == 8 for m in msgs[1:])
 
 
 # ---------------------------------------------------------------- hints, sampling rule
