@@ -26,5 +26,5 @@ fuzz: setup
 
 clean:
 	-$(VENV)/bin/pslat cluster down
-	rm -rf $(VENV) .venv-mxnet .venv-paddle .venv-torch
+	rm -rf $(VENV) .venv-mxnet .venv-paddle .venv-torch .byteps
 	$(MAKE) -C workloads/cluster clean

@@ -20,7 +20,8 @@ command -v apt-get >/dev/null || die "needs a Debian/Ubuntu machine (apt-get not
 # 1. Distro packages ----------------------------------------------------------
 PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool tshark ethtool iproute2 tcpdump
       python3-venv gcc make libc6-dev tmux procps
-      chromium fonts-dejavu-core)
+      chromium fonts-dejavu-core
+      g++ libzmq3-dev patch)   # BytePS's ps-lite (scripts/setup_byteps.sh)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -96,8 +97,10 @@ if [ "$(cat "$MXNET_VENV/.pslat-stamp" 2>/dev/null)" != "$MX_STAMP" ]; then
   echo "$MX_STAMP" > "$MXNET_VENV/.pslat-stamp"
 fi
 
-# 7. PaddlePaddle (brpc's parameter server) and PyTorch (RPC over TensorPipe) -------
+# 7. PaddlePaddle (brpc's parameter server), PyTorch (RPC over TensorPipe) and
+#    BytePS's ps-lite (RawMeta; built from its sdist) ------------------------------
 bash "$ROOT/scripts/setup_paddle.sh"
 bash "$ROOT/scripts/setup_torch.sh"
+PSLAT_VENV=$VENV bash "$ROOT/scripts/setup_byteps.sh"
 
 say "ready: $VENV/bin/pslat"
