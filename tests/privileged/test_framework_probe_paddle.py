@@ -4,7 +4,7 @@ ends (probes/framework.bpf.c, "brpc") in every process of a 2 servers x 2 traine
 the virtual cluster, attached after the job loaded and before any RPC.
 
 The oracle is outside the probe: the wire, captured in the wire namespace by tcpdump and
-parsed by parsers/brpc (workloads/paddle/capture.py), and the trainers' own step times
+parsed by parsers/brpc (workloads/capture.py), and the trainers' own step times
 (trainer-<id>.json, CLOCK_MONOTONIC like the probe's). On every trainer the client-send
 records' correlation ids are exactly the multiset of its requests' ids on the wire, the
 client-recv ones those of its responses; on every server the server-send ids exactly those
@@ -27,8 +27,9 @@ from test_paddle_job import paddle_venv  # noqa: F401  (the venv, or a skip CI t
 from parsers.brpc import BrpcStreamParser
 from agent.framework_records import FrameworkDecoder
 from probes.framework import FrameworkProbe, targets_of_pid
+from workloads import capture
 from workloads.cluster.cluster import Cluster
-from workloads.paddle import capture, runner
+from workloads.paddle import runner
 
 pytestmark = [pytest.mark.privileged, pytest.mark.paddle]
 

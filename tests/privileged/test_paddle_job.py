@@ -22,8 +22,9 @@ import pytest
 
 from parsers.brpc import BrpcStreamParser
 from parsers.brpc.paddle import PS_METHOD, PS_SERVICE
+from workloads import capture
 from workloads.cluster.cluster import Cluster
-from workloads.paddle import capture, runner, venv
+from workloads.paddle import runner, venv
 
 pytestmark = [pytest.mark.privileged, pytest.mark.paddle]
 

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from core.errors import UserError, run_main
+from workloads import capture
 from workloads.cluster.cluster import Cluster
 
-from . import capture, record
+from . import record
 from .runner import run_in_cluster
 
 

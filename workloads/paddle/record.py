@@ -20,7 +20,7 @@ from pathlib import Path
 
 from core.errors import UserError
 
-from .capture import Direction
+from workloads.capture import Direction
 from .runner import PaddleResult
 from .venv import PACKAGES
 

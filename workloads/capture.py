@@ -1,5 +1,6 @@
 """The job's packets as the wire carried them, and each TCP direction's bytes in order:
-what parsers/brpc is checked on, independent of pslat's probes.
+what the parsers are checked on (parsers/brpc for Paddle, parsers/pslite for BytePS),
+independent of pslat's probes.
 
 `WireCapture(path)` (inside a workloads.cluster.Cluster) runs tcpdump in the wire
 namespace on the frames coming in from the hosts (`-Q in`: each frame once, as its
