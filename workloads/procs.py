@@ -4,9 +4,32 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 REAP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class ProcInfo:
+    """One process of a job placed on a cluster host (Paddle's, BytePS's)."""
+    name: str          # "server-0", "worker-1", ...
+    role: str
+    index: int
+    host: str          # host name (the netns name)
+    addr: str
+    port: int          # the port it listens on
+    pid: int
+    log: Path          # its stdout and stderr
+    returncode: int | None = None
+
+
+def popen_logged(cluster, host, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """argv inside a cluster host, its stdout and stderr into `log`, stdin closed, in a
+    session of its own (its whole group can then be signalled by its pid)."""
+    with open(log, "wb") as f:
+        return cluster.popen(host, argv, env=env, stdin=subprocess.DEVNULL, stdout=f,
+                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def signal_group(p: subprocess.Popen, sig: int) -> None:

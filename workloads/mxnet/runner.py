@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from core.errors import UserError
-from workloads.procs import kill_and_reap, log_tail
+from workloads.procs import kill_and_reap, log_tail, popen_logged
 
 from . import oplog
 from .venv import ensure_venv
@@ -237,11 +237,7 @@ class MxnetJob:
         try:
             for spec in self.specs:
                 log = log_dir / f"{spec.name}.log"
-                with open(log, "wb") as f:
-                    # Own session: stop() can kill the whole group by its id.
-                    p = self.cluster.popen(spec.host, argv, env=self._env(spec),
-                                           stdin=subprocess.DEVNULL, stdout=f,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+                p = popen_logged(self.cluster, spec.host, argv, self._env(spec), log)
                 info = ProcInfo(spec.name, spec.role, spec.host.name, spec.host.addr, p.pid, log)
                 self.procs.append((info, p))
         except BaseException:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import UserError
-from workloads.procs import log_tail, signal_group
+from workloads.procs import ProcInfo, log_tail, popen_logged, signal_group
 
 from . import brpc_vars
 from .venv import ensure_venv
@@ -82,19 +82,6 @@ def place(hosts: list, servers: int, trainers: int) -> list[ProcSpec]:
     specs += [ProcSpec(f"trainer-{j}", "TRAINER", j, hosts[(servers + j) % n])
               for j in range(trainers)]
     return specs
-
-
-@dataclass
-class ProcInfo:
-    name: str
-    role: str
-    index: int
-    host: str          # host name (the netns name)
-    addr: str
-    port: int
-    pid: int
-    log: Path          # its stdout and stderr
-    returncode: int | None = None
 
 
 @dataclass
@@ -209,11 +196,7 @@ class PaddleJob:
         try:
             for spec in self.specs:
                 log = log_dir / f"{spec.name}.log"
-                with open(log, "wb") as f:
-                    # own session: stop() kills the whole group by its id
-                    p = self.cluster.popen(spec.host, argv, env=self._env(spec),
-                                           stdin=subprocess.DEVNULL, stdout=f,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+                p = popen_logged(self.cluster, spec.host, argv, self._env(spec), log)
                 self.procs.append((ProcInfo(spec.name, spec.role, spec.index, spec.host.name,
                                             spec.host.addr, self._ports[spec.name], p.pid, log),
                                    p))

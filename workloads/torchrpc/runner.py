@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from core.errors import UserError
-from workloads.procs import kill_and_reap, log_tail
+from workloads.procs import kill_and_reap, log_tail, popen_logged
 
 from .venv import require_venv
 
@@ -97,10 +97,7 @@ class TorchJob:
         try:
             for rank, host in enumerate(self.placed):
                 log = logs / f"rank-{rank}.log"
-                with open(log, "wb") as f:
-                    # own session: stop() kills each process's group
-                    p = self.cluster.popen(host, argv, env=self._env(rank), stdin=subprocess.DEVNULL,
-                                           stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+                p = popen_logged(self.cluster, host, argv, self._env(rank), log)
                 self.procs.append((TorchProc(rank, host.name, host.addr, p.pid, log), p))
         except BaseException:
             self.stop()
