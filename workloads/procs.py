@@ -1,4 +1,4 @@
-"""The processes of a framework job (MXNet, PaddlePaddle, PyTorch): each started in a
+"""The processes of a framework job (MXNet, PaddlePaddle, PyTorch, BytePS): each started in a
 session of its own, so its whole group can be signalled; what a failure says of them."""
 from __future__ import annotations
 
