@@ -5,9 +5,9 @@ a 1 ms wire, one agent for every host (issue 14).
 The oracle is the nodes' own van log (PS_VERBOSE=2, workloads/byteps/oplog.py), none of
 it from pslat: per worker the pushes and pulls it sent and the answers it received, per
 server the requests it received and the answers it sent. Every one must be found on its
-host, with the kernel stages veth has, and the report must pair every request with its
-answer (on the same connection: BytePS answers through the server's ROUTER) with the
-kernel's components. Beside the job, a process whose environment selects BytePS's UCX
+host, with every stage veth has (the framework's at libzmq, probed from the agent's start),
+and the report must pair every request with its answer (on the same connection:
+BytePS answers through the server's ROUTER) with every component. Beside the job, a process whose environment selects BytePS's UCX
 van must be named in meta.json and in the report as traffic pslat cannot see.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pytest
 from agent.child import AgentProcess
 from agent.rundir import read_run_dir
 from reports.dissect import dissect
+from workloads.byteps.build import benchmark_path
 from workloads.byteps.runner import BenchmarkArgs, BytepsJob
 from workloads.cluster.cluster import Cluster
 
@@ -39,12 +40,23 @@ AGENT_READY_S = 180.0
 JOB_TIMEOUT_S = 60.0
 AGENT_ARGS = ["--sample-rate", "1"]
 DATA_OPS = ("push", "pull")
-TX_STAGES = ["ts_send_first_enter_ns", "ts_send_last_exit_ns", "ts_xmit_last_ns"]
-RX_STAGES = ["ts_nic_rx_last_ns", "ts_netif_rx_last_ns", "ts_data_ready_ns", "ts_recv_last_exit_ns"]
+TX_STAGES = ["ts_framework_ns", "ts_send_first_enter_ns", "ts_send_last_exit_ns", "ts_xmit_last_ns"]
+RX_STAGES = ["ts_nic_rx_last_ns", "ts_netif_rx_last_ns", "ts_data_ready_ns", "ts_recv_last_exit_ns",
+             "ts_framework_ns"]
 LACKING_MAX = 0.01   # messages without a stage the device has, and requests without a component
 LACKING = [0]
-KERNEL_COMPONENTS = ["client_kernel_tx", "wire_req", "server_nic_rx", "server_kernel_rx", "server_user",
-                     "server_kernel_tx", "wire_resp", "client_nic_rx", "client_kernel_rx", "e2e"]
+# every component a request has on veth (no TX completion), the server's user time split at
+# its framework boundary (libzmq's zmq_msg_send/recv)
+COMPONENTS = ["client_user_tx", "client_kernel_tx", "wire_req", "server_nic_rx", "server_kernel_rx",
+              "server_user", "server_framework_rx", "server_app", "server_framework_tx",
+              "server_kernel_tx", "wire_resp", "client_nic_rx", "client_kernel_rx", "client_user_rx", "e2e"]
+
+
+def _libzmq() -> Path:
+    """The libzmq the benchmark links (ldd of our own build): probed from the agent's
+    start, as the job maps it only when it is released, seconds before it is done."""
+    out = subprocess.run(["ldd", str(benchmark_path())], capture_output=True, text=True, check=True).stdout
+    return Path(next(line.split("=>")[1].split()[0] for line in out.splitlines() if "libzmq" in line))
 
 
 def _messages(out: Path) -> tuple[pd.DataFrame, dict]:
@@ -77,7 +89,7 @@ def test_agent_finds_every_byteps_push_and_pull(tmp_path):
     t0 = time.monotonic()
     with Cluster(SERVERS + WORKERS + 1, wire_delay_ms=WIRE_DELAY_MS, wait_s=CLUSTER_WAIT_S,
                  log_dir=tmp_path / "wire") as cluster:
-        args = list(AGENT_ARGS)
+        args = [*AGENT_ARGS, "--lib", str(_libzmq())]
         for h in cluster.hosts:
             args += ["--netns", h.name]
         with BytepsJob(cluster, tmp_path / "job", SERVERS, WORKERS, ARGS) as job:
@@ -143,9 +155,9 @@ def test_agent_finds_every_byteps_push_and_pull(tmp_path):
     q = d.complete[d.complete.protocol == "pslite"]
     q = q[q.op.isin(DATA_OPS)]
     assert len(q) == total
-    for c in KERNEL_COMPONENTS:
+    for c in COMPONENTS:
         assert q[c].isna().sum() <= LACKING_MAX * len(q), f"{q[c].isna().sum()} of {len(q)} requests without {c}"
-    without = int(q[KERNEL_COMPONENTS].isna().any(axis=1).sum())
+    without = int(q[COMPONENTS].isna().any(axis=1).sum())
     print(f"\nBytePS {SERVERS}x{WORKERS} {ARGS}, {WIRE_DELAY_MS:g} ms wire, traced: agent ready "
           f"{t_agent - t0:.1f} s after the start, job {res.wall_s:.1f} s, test {time.monotonic() - t0:.1f} s "
           f"(checks {time.monotonic() - t_job:.1f} s); found {found} of the van logs' counts; requests paired "

@@ -265,3 +265,13 @@ def test_a_rawmeta_decodes_from_the_captured_head_and_garbage_does_not():
     bad[20] = 1                                                             # padding not zero
     assert decode_meta_frame(bytes(bad[:CAPTURE_BYTES]), len(raw)) is None
     assert decode_meta_frame(bytes(range(64)), 100) is None
+
+
+@pytest.mark.parametrize("name, layer", [
+    ("libzmq.so.5", "zmq"), ("libzmq.so", "zmq"), ("libzmq.so.5.2.4", "zmq"),   # Debian's (BytePS links it)
+    ("libzmq-2f02442c.so.5.2.5", "zmq"),                                      # pyzmq's wheel
+    ("libzmqx.so", None), ("libzmq.so.5.bak", None), ("libmxnet.so", "ps"), ("libpaddle.so", "brpc"),
+])
+def test_framework_libraries_are_told_by_their_file_names(name, layer):
+    from probes.framework import layer_of
+    assert layer_of(name) == layer
