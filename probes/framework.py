@@ -148,7 +148,7 @@ KINDS = {Kind.ZMQ_SEND: KindFacts("zmq", "frames", "send"),
          Kind.BRPC_SERVER_SEND: KindFacts("brpc", "entry", "send", False)}
 
 # libzmq as distributions name it (libzmq.so.5) and as wheels do (pyzmq's libzmq-<hash>.so.5.2.5)
-_LIB_PATTERNS = {"zmq": re.compile(r"^libzmq(-[0-9a-f]+)?\.so(\.[0-9]+)*$"), "ps": re.compile(r"^libmxnet\.so$"),
+_LIB_PATTERNS = {"zmq": re.compile(r"^libzmq([-.][^/]*)?\.so(\.[0-9]+)*$"), "ps": re.compile(r"^libmxnet\.so$"),
                  "brpc": re.compile(r"^libpaddle\.so$")}
 LIBRARY_NAMES = "libzmq, libmxnet.so or libpaddle.so"   # what _LIB_PATTERNS match, for messages
 # what a /proc/PID/maps line of every library _LIB_PATTERNS matches holds: a cheap

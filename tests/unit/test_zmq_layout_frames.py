@@ -270,6 +270,7 @@ def test_a_rawmeta_decodes_from_the_captured_head_and_garbage_does_not():
 @pytest.mark.parametrize("name, layer", [
     ("libzmq.so.5", "zmq"), ("libzmq.so", "zmq"), ("libzmq.so.5.2.4", "zmq"),   # Debian's (BytePS links it)
     ("libzmq-2f02442c.so.5.2.5", "zmq"),                                      # pyzmq's wheel
+    ("libzmq-before.so", "zmq"),                                              # a build of one's own
     ("libzmqx.so", None), ("libzmq.so.5.bak", None), ("libmxnet.so", "ps"), ("libpaddle.so", "brpc"),
 ])
 def test_framework_libraries_are_told_by_their_file_names(name, layer):
