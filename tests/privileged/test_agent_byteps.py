@@ -87,7 +87,12 @@ def _stages_present(name: str, rows: pd.DataFrame, stages: list[str]) -> None:
 def test_agent_finds_every_byteps_push_and_pull(tmp_path):
     LACKING[0] = 0
     t0 = time.monotonic()
-    with Cluster(SERVERS + WORKERS + 1, wire_delay_ms=WIRE_DELAY_MS, wait_s=CLUSTER_WAIT_S,
+    # the scheduler on the server's host (runner.place wraps): its barrier reply must reach
+    # the server before a worker's first push, or the fork's one receive thread waits 5 s
+    # in ProcessDataMsg for a customer the main thread makes only after that barrier, and
+    # the server aborts ("timeout (5 sec) to wait App 0 customer 0 ready"); over the wire
+    # its lead was one 1 ms hop, lost once in a fresh-clone run
+    with Cluster(SERVERS + WORKERS, wire_delay_ms=WIRE_DELAY_MS, wait_s=CLUSTER_WAIT_S,
                  log_dir=tmp_path / "wire") as cluster:
         args = [*AGENT_ARGS, "--lib", str(_libzmq())]
         for h in cluster.hosts:

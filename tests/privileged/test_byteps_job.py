@@ -62,7 +62,12 @@ def _logged(msgs) -> list[tuple]:
 
 def test_byteps_benchmark_counts_and_capture(tmp_path, byteps_benchmark):
     t0 = time.monotonic()
-    with Cluster(SERVERS + WORKERS + 1, wire_delay_ms=WIRE_DELAY_MS,
+    # the scheduler on the server's host (runner.place wraps): its barrier reply must reach
+    # the server before a worker's first push, or the fork's one receive thread waits 5 s
+    # in ProcessDataMsg for a customer the main thread makes only after that barrier, and
+    # the server aborts ("timeout (5 sec) to wait App 0 customer 0 ready"); over the wire
+    # its lead was one 1 ms hop, lost once in a fresh-clone run
+    with Cluster(SERVERS + WORKERS, wire_delay_ms=WIRE_DELAY_MS,
                  wait_s=CLUSTER_WAIT_S) as cluster:
         with capture.WireCapture(tmp_path / "wire.pcap") as cap:
             res = runner.run_in_cluster(cluster, tmp_path / "out", SERVERS, WORKERS, ARGS,
@@ -111,7 +116,10 @@ def test_byteps_benchmark_counts_and_capture(tmp_path, byteps_benchmark):
         assert _fields(answers) == _logged(logged["answer"])
         wants = [key for _op, _s, key in runner.expected_requests(ARGS, SERVERS)]
         assert [m.key_sample for m in reqs] == [(k,) for k in wants]
-        dealer = [d for d in directions if (d.src, d.dst, d.dport) == (srv.addr, w.addr, w.port) and d.data]
+        # the server's DEALER, by its READY identity (the scheduler's, on the same host, is "ps1")
+        ident = b"ps%d" % ids[srv.name]
+        dealer = [d for d in directions if (d.src, d.dst, d.dport) == (srv.addr, w.addr, w.port)
+                  and b"Identity" + len(ident).to_bytes(4, "big") + ident in d.data[:256]]
         assert len(dealer) == 1 and logged["server_dealer"] == []
         msgs, p = _parse(dealer[0])
         assert msgs == [] and p.stats().handshake_bytes == len(dealer[0].data)
