@@ -128,6 +128,11 @@ def decode_pbmeta(head: bytes, size: int) -> MetaIds | None:
                    truncated=truncated)
 
 
+def _opt(v: int) -> int | None:
+    """An id as ps::Meta holds it: kEmpty is absent."""
+    return None if v == PS_META_EMPTY else v
+
+
 def decode_raw_meta(head: bytes, size: int) -> MetaIds | None:
     """Ids from a BytePS RawMeta frame of `size` bytes whose first len(head) bytes were
     captured (its ids all lie in the first RAW_HEAD_BYTES); None if it is not one."""
@@ -136,11 +141,8 @@ def decode_raw_meta(head: bytes, size: int) -> MetaIds | None:
         return None
     hd, _body, cmd, _nodes, _barrier, _sig, request, app, ts, _dts, cust, push, simple = f
 
-    def opt(v):
-        return None if v == PS_META_EMPTY else v
-
-    return MetaIds(app_id=opt(app), customer_id=opt(cust), timestamp=opt(ts), request=bool(request),
-                   push=bool(push), head=opt(hd), simple_app=bool(simple), control_cmd=cmd or None,
+    return MetaIds(app_id=_opt(app), customer_id=_opt(cust), timestamp=_opt(ts), request=bool(request),
+                   push=bool(push), head=_opt(hd), simple_app=bool(simple), control_cmd=cmd or None,
                    truncated=size > len(head))
 
 
@@ -155,12 +157,9 @@ def decode_ps_meta(head: bytes) -> MetaIds | None:
         return None
     hd, app, cust, ts, sender, recver, request, push, simple = struct.unpack_from(PS_META_FORMAT, head)
 
-    def opt(v):
-        return None if v == PS_META_EMPTY else v
-
-    return MetaIds(app_id=opt(app), customer_id=opt(cust), timestamp=opt(ts), request=request,
-                   push=push, head=opt(hd), simple_app=simple, sender=opt(sender),
-                   recver=opt(recver))
+    return MetaIds(app_id=_opt(app), customer_id=_opt(cust), timestamp=_opt(ts), request=request,
+                   push=push, head=_opt(hd), simple_app=simple, sender=_opt(sender),
+                   recver=_opt(recver))
 
 
 def routing_id_frames(sock_type: int | None, sizes, heads) -> int:
