@@ -45,6 +45,9 @@ RX_STAGES = ["ts_nic_rx_last_ns", "ts_netif_rx_last_ns", "ts_data_ready_ns", "ts
              "ts_framework_ns"]
 LACKING_MAX = 0.01   # messages without a stage the device has, and requests without a component
 LACKING = [0]
+RING_OVERFLOW = "ts_xmit_last_ns=the end left the socket's ring before reaching the driver"
+OVERFLOWED = [0]       # messages of RING_OVERFLOW
+OVERFLOWED_MAX = 0.05  # of the messages: a ring that lost more is a regression
 # every component a request has on veth (no TX completion), the server's user time split at
 # its framework boundary (libzmq's zmq_msg_send/recv)
 COMPONENTS = ["client_user_tx", "client_kernel_tx", "wire_req", "server_nic_rx", "server_kernel_rx",
@@ -75,9 +78,14 @@ def _by_op(rows: pd.DataFrame) -> dict[str, int]:
 
 
 def _stages_present(name: str, rows: pd.DataFrame, stages: list[str]) -> None:
-    # one run in four here had one message of ~330 without ts_xmit_last_ns (not explained
-    # yet): LACKING_MAX of them allowed, and printed
-    lacking = rows[rows[stages].isna().any(axis=1)]
+    # A server's answers queued behind cwnd on the 1 ms wire can put more message ends in
+    # a socket's ring of ends waiting for the driver than it holds (NS_TX_EXPECT_SLOTS_LOG2:
+    # 16; a larger ring does not verify in ns_start_xmit): the oldest then have no driver
+    # time, say why, and the kernel counts them (tx_expect_overwritten). Those are told
+    # apart here and checked against that counter; LACKING_MAX of any other kind allowed.
+    overflowed = rows.null_reasons.fillna("").str.contains(RING_OVERFLOW, regex=False)
+    OVERFLOWED[0] += int(overflowed.sum())
+    lacking = rows[rows[stages].isna().any(axis=1) & ~overflowed]
     LACKING[0] += len(lacking)
     assert len(lacking) <= LACKING_MAX * len(rows), (
         name, len(lacking), lacking[stages].isna().sum().to_dict(),
@@ -85,7 +93,7 @@ def _stages_present(name: str, rows: pd.DataFrame, stages: list[str]) -> None:
 
 
 def test_agent_finds_every_byteps_push_and_pull(tmp_path):
-    LACKING[0] = 0
+    LACKING[0] = OVERFLOWED[0] = 0
     t0 = time.monotonic()
     # the scheduler on the server's host (runner.place wraps): its barrier reply must reach
     # the server before a worker's first push, or the fork's one receive thread waits 5 s
@@ -137,6 +145,9 @@ def test_agent_finds_every_byteps_push_and_pull(tmp_path):
         for rows, stages in ((got, RX_STAGES), (answered, TX_STAGES)):
             _stages_present(name, rows, stages)
     framework = float(data.ts_framework_ns.notna().mean())
+    # one agent traces every host: its kernel counters are the same in each meta.json
+    overwritten = max(m["counters"]["probes"]["netstack"]["tx_expect_overwritten"] for m in metas.values())
+    assert OVERFLOWED[0] == overwritten <= OVERFLOWED_MAX * len(data), (OVERFLOWED[0], overwritten, len(data))
 
     # the UCX decoy, in meta.json of its host and in the report
     decoy_host = cluster.hosts[0].name
@@ -161,11 +172,13 @@ def test_agent_finds_every_byteps_push_and_pull(tmp_path):
     q = q[q.op.isin(DATA_OPS)]
     assert len(q) == total
     for c in COMPONENTS:
-        assert q[c].isna().sum() <= LACKING_MAX * len(q), f"{q[c].isna().sum()} of {len(q)} requests without {c}"
+        # a request whose answer lost its driver time (above) lacks the components that need it
+        assert q[c].isna().sum() <= LACKING_MAX * len(q) + overwritten, \
+            f"{q[c].isna().sum()} of {len(q)} requests without {c} ({overwritten} answers without a driver time)"
     without = int(q[COMPONENTS].isna().any(axis=1).sum())
     print(f"\nBytePS {SERVERS}x{WORKERS} {ARGS}, {WIRE_DELAY_MS:g} ms wire, traced: agent ready "
           f"{t_agent - t0:.1f} s after the start, job {res.wall_s:.1f} s, test {time.monotonic() - t0:.1f} s "
           f"(checks {time.monotonic() - t_job:.1f} s); found {found} of the van logs' counts; requests paired "
-          f"{summary['requests']} of {total}; {LACKING[0]} message ends without a stage, {without} requests "
+          f"{summary['requests']} of {total}; {LACKING[0]} message ends without a stage ({OVERFLOWED[0]} more past their socket's ring of ends), {without} requests "
           f"without a component; framework time on {framework:.0%} of the data messages; "
           f"wire_req p50 {q.wire_req.median() / 1e3:.1f} us, wire_resp p50 {q.wire_resp.median() / 1e3:.1f} us")
