@@ -34,12 +34,13 @@ ESTABLISHED_KEEP_NS = 2 * HOLD_NS
 R_NOT_TIMED = "the kernel probes gave no time for this message end"
 R_NOT_LOADED = "netstack probe not loaded"
 R_DATA_READY_LATE = "the data-ready on record came after the recv that took the byte (a later segment's)"
+R_TX_RING_OVERFLOW = "the end left the socket's ring before reaching the driver"
 
 # ---------------------------------------------------------------- send-side stage times
 
 NS_TX_F_RETRANS, NS_TX_F_OVERWRITTEN, NS_TX_F_CLOSED, NS_TX_F_SENT_UNSEEN, NS_TX_F_NO_QUEUE = 1, 2, 4, 8, 16
 NS_TXC_COMPLETED, NS_TXC_FORWARDED, NS_TXC_DROPPED = 1, 2, 3
-_NO_XMIT = ((NS_TX_F_OVERWRITTEN, "the end left the socket's ring before reaching the driver"),
+_NO_XMIT = ((NS_TX_F_OVERWRITTEN, R_TX_RING_OVERFLOW),
             (NS_TX_F_CLOSED, "the socket closed before the segment reached the driver"),
             (NS_TX_F_SENT_UNSEEN, "sent before the socket was tracked, or its handoff record was overwritten"))
 _TXDONE_NULL = {NS_TXC_FORWARDED: "device has no TX completion (veth/loopback hand the skb to the peer)",

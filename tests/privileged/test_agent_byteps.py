@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from agent.child import AgentProcess
+from agent.netrows import R_TX_RING_OVERFLOW
 from agent.rundir import read_run_dir
 from reports.dissect import dissect
 from workloads.byteps.build import benchmark_path
@@ -45,7 +46,7 @@ RX_STAGES = ["ts_nic_rx_last_ns", "ts_netif_rx_last_ns", "ts_data_ready_ns", "ts
              "ts_framework_ns"]
 LACKING_MAX = 0.01   # messages without a stage the device has, and requests without a component
 LACKING = [0]
-RING_OVERFLOW = "ts_xmit_last_ns=the end left the socket's ring before reaching the driver"
+RING_OVERFLOW = f"ts_xmit_last_ns={R_TX_RING_OVERFLOW}"
 OVERFLOWED = [0]       # messages of RING_OVERFLOW
 OVERFLOWED_MAX = 0.05  # of the messages: a ring that lost more is a regression
 # every component a request has on veth (no TX completion), the server's user time split at
@@ -179,6 +180,7 @@ def test_agent_finds_every_byteps_push_and_pull(tmp_path):
     print(f"\nBytePS {SERVERS}x{WORKERS} {ARGS}, {WIRE_DELAY_MS:g} ms wire, traced: agent ready "
           f"{t_agent - t0:.1f} s after the start, job {res.wall_s:.1f} s, test {time.monotonic() - t0:.1f} s "
           f"(checks {time.monotonic() - t_job:.1f} s); found {found} of the van logs' counts; requests paired "
-          f"{summary['requests']} of {total}; {LACKING[0]} message ends without a stage ({OVERFLOWED[0]} more past their socket's ring of ends), {without} requests "
+          f"{summary['requests']} of {total}; {LACKING[0]} message ends without a stage "
+          f"({OVERFLOWED[0]} more past their socket's ring of ends), {without} requests "
           f"without a component; framework time on {framework:.0%} of the data messages; "
           f"wire_req p50 {q.wire_req.median() / 1e3:.1f} us, wire_resp p50 {q.wire_resp.median() / 1e3:.1f} us")
