@@ -19,7 +19,14 @@ from probes.framework import FrameworkProbe, targets_of_pid
 pytestmark = pytest.mark.privileged
 
 ROOT = Path(__file__).resolve().parents[2]
+# The probe's time against the child's own clock read next to the call, per kind of
+# message (case, role, direction): the median over ROUNDS rounds within TOLERANCE_NS. A
+# probe at the wrong place is off in every round; a preemption of the child between the
+# hook and its clock read is off in one (two fresh-clone runs failed a bound per message
+# at 688 and 869 us; the same test alone stays under 40 us). Every time stays inside the
+# child's own bracket, message by message.
 TOLERANCE_NS = 200_000
+ROUNDS = 5
 CHILD_TIMEOUT_S = 30.0
 
 # The child: a ROUTER bound before the probe is attached (its type must be
@@ -34,7 +41,7 @@ from parsers.pslite.meta import PBMeta
 
 CASES = [  # (key bytes, value bytes, copy)
     (8, 4, True), (40, 48, False), (800, 100_000, False), (800, 100_000, True)]
-ROUNDS = 3
+ROUNDS = int(sys.argv[1])
 ctx = zmq.Context()
 router = ctx.socket(zmq.ROUTER)
 port = router.bind_to_random_port("tcp://127.0.0.1")
@@ -48,7 +55,7 @@ log = []
 def note(direction, role, sock, t0, t1, ts, request, frames):
     frames = [bytes(f) for f in frames]
     log.append(dict(dir=direction, role=role, sock=sock.underlying, tid=threading.get_native_id(),
-                    t_before_ns=t0, t_after_ns=t1, timestamp=ts, request=request,
+                    t_before_ns=t0, t_after_ns=t1, timestamp=ts, request=request, copy=copy,
                     sizes=[len(f) for f in frames], heads=[f[:64].hex() for f in frames]))
 
 ts = 0
@@ -186,7 +193,7 @@ def child_factory():
 
 
 def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_factory, capsys):
-    child = child_factory(CHILD)
+    child = child_factory(CHILD, str(ROUNDS))
     assert child.line() == "ready"
     targets = targets_of_pid(child.proc.pid)
     assert [t.layer for t in targets] == ["zmq"]
@@ -205,7 +212,7 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
     assert counters["frames"] == sum(r.frames for r in records)
     socks = {rec["sock"] for rec in log}
     ours = [r for r in records if r.tgid == child.proc.pid and r.sock in socks]
-    assert len(log) == 48 and len(ours) == len(log)
+    assert len(log) == 4 * 4 * ROUNDS and len(ours) == len(log)
     by_key = {}
     for r in ours:
         assert r.meta is not None, r
@@ -224,8 +231,11 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
             assert r.meta.sender == 9
         assert rec["t_before_ns"] <= r.ts_ns <= rec["t_after_ns"]
         gap = r.ts_ns - rec["t_before_ns"] if rec["dir"] == "send" else rec["t_after_ns"] - r.ts_ns
-        assert gap < TOLERANCE_NS, f"{rec['dir']} boundary {gap} ns from the child's own clock"
-        gaps.setdefault(rec["dir"], []).append(gap)
+        kind = (rec["role"], rec["dir"], tuple(rec["sizes"]), rec["copy"])
+        gaps.setdefault(kind, []).append(gap)
+    for kind, g in gaps.items():
+        assert len(g) == ROUNDS and sorted(g)[ROUNDS // 2] < TOLERANCE_NS, \
+            f"{kind} boundary from the child's own clock: {g} ns"
     for (sock, direction, ts, request), r in by_key.items():
         if direction == "send":
             peer_recv = next(x for (s, d, t, q), x in by_key.items()
@@ -233,9 +243,12 @@ def test_every_pyzmq_message_is_reported_once_with_ids_frames_and_times(child_fa
             assert r.ts_ns < peer_recv.ts_ns
     assert counters["lost"] == 0 and counters["orphan"] == 0 and counters["inflight_full"] == 0
     assert counters["open_messages"] == 0
+    by_dir: dict[str, list[int]] = {}
+    for (_, direction, _, _), g in gaps.items():
+        by_dir.setdefault(direction, []).extend(g)
     with capsys.disabled():
         print("\nframework probe: boundary vs the child's clock (ns, median/max): " + ", ".join(
-            f"{d} {sorted(g)[len(g) // 2]}/{max(g)}" for d, g in sorted(gaps.items())))
+            f"{d} {sorted(g)[len(g) // 2]}/{max(g)}" for d, g in sorted(by_dir.items())))
         print(f"framework probe: {counters['seen']} ring events ({sockets} of them new sockets) "
               f"for {len(records)} messages of {counters['frames']} frames")
 
