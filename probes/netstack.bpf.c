@@ -680,7 +680,7 @@ int ns_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 	u32 prev = (u32)bpf_get_current_pid_tgid();
 	u32 next = kread_u32(ctx->args[2] + NS_OFF_TASK_PID);
 	u64 ts = 0;
-	struct ns_thread *t = prev ? ns_threads.lookup(&prev) : 0;
+	struct ns_thread *t = prev ? ns_thread_of(prev) : 0;
 	if (t) {
 		ts = bpf_ktime_get_ns();
 		if (t->on_cpu && t->ts_switch_in_ns)
@@ -689,7 +689,7 @@ int ns_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 		/* Preempted or yielding: still runnable, now waiting in the run queue. */
 		t->ts_runnable_ns = (ctx->args[0] || (u32)ctx->args[3] == 0) ? ts : 0;
 	}
-	struct ns_thread *n = next ? ns_threads.lookup(&next) : 0;
+	struct ns_thread *n = next ? ns_thread_of(next) : 0;
 	if (n) {
 		if (!ts)
 			ts = bpf_ktime_get_ns();
@@ -706,7 +706,7 @@ int ns_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 static __always_inline int ns_wakeup(u64 task)
 {
 	u32 tid = kread_u32(task + NS_OFF_TASK_PID);
-	struct ns_thread *t = ns_threads.lookup(&tid);
+	struct ns_thread *t = tid ? ns_thread_of(tid) : 0;
 	if (!t)
 		return 0;
 	u64 ts = bpf_ktime_get_ns();
@@ -735,7 +735,8 @@ struct ns_call {
 	s32 syscall_nr;
 	u8 call;
 };
-BPF_TABLE("lru_hash", u64, struct ns_call, ns_calls, NS_THREADS_MAX);
+#define NS_CALLS_MAX 4096 /* connect/accept calls in flight at once */
+BPF_TABLE("lru_hash", u64, struct ns_call, ns_calls, NS_CALLS_MAX);
 
 static __always_inline int ns_call_enter(void *ctx, u8 call, u64 fd)
 {

@@ -98,7 +98,9 @@ def _probe(tx_completion: bool) -> Probe:
             # preallocated: 4096 -> ~25 MiB of kernel memory (28 MiB for all maps)
             "NS_SOCKS_MAX": (4096, 64, 1 << 20),
             "NS_SKBS_MAX": (16384, 256, 1 << 22),  # skbs between qdisc and TX completion
-            "NS_THREADS_MAX": (4096, 64, 1 << 20),  # threads followed by the sched hooks
+            # thread slots of the sched hooks (tid % this; 64 B each: 2 MiB): pid_max
+            # (32768 here) or more, and no two threads share one
+            "NS_THREADS_MAX": (32768, 64, 1 << 22),
             # last 64 skbs handed to the driver, per socket: segments, when the
             # device has no TSO (TCP's GSO skbs are then segmented in software)
             "NS_TX_XMIT_SLOTS_LOG2": (6, 2, 8),

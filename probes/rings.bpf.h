@@ -215,6 +215,8 @@ struct ns_thread {
 	u64 ts_tracked_ns;
 	u32 nr_switch_in;
 	u32 on_cpu;
+	u32 tid;            /* whose slot this is now (0: nobody's) */
+	u32 _pad;
 };
 
 /* The skb of a tracked socket between net_dev_queue and what happens to it
@@ -236,7 +238,28 @@ BPF_TABLE("lru_hash", u64, struct ns_tx_sock, ns_tx_socks, NS_SOCKS_MAX);
 BPF_TABLE("lru_hash", u64, struct ns_rx_sock, ns_rx_socks, NS_SOCKS_MAX);
 BPF_TABLE("lru_hash", struct ns_flow_key, struct ns_flow, ns_flows, NS_SOCKS_MAX);
 BPF_TABLE("lru_hash", u64, struct ns_skb, ns_skbs, NS_SKBS_MAX);
-BPF_TABLE("lru_hash", u32, struct ns_thread, ns_threads, NS_THREADS_MAX);
+/* Threads by slot tid % NS_THREADS_MAX, each slot tagged with its thread: an
+ * array, not a hash. The scheduler hooks fire for every context switch and
+ * wake-up on the machine, and an array lookup is a few instructions where an
+ * LRU hash lookup hashes and updates its LRU state (docs/cost.md). A thread
+ * whose slot another thread took since is asked about afresh (its scheduler
+ * fields absent once, as for a new thread); with NS_THREADS_MAX at or above
+ * pid_max no two threads share a slot. */
+BPF_ARRAY(ns_threads, struct ns_thread, NS_THREADS_MAX);
+
+/* Thread tid's slot (which may be another thread's: compare its tid). */
+static __always_inline struct ns_thread *ns_thread_slot(u32 tid)
+{
+	u32 slot = tid % NS_THREADS_MAX;
+	return ns_threads.lookup(&slot);
+}
+
+/* Thread tid's state, when the sched hooks follow it. */
+static __always_inline struct ns_thread *ns_thread_of(u32 tid)
+{
+	struct ns_thread *t = ns_thread_slot(tid);
+	return t && t->tid == tid ? t : 0;
+}
 BPF_ARRAY(ns_zero_tmpl, union ns_zero, 1);
 BPF_PERCPU_ARRAY(ns_counters, u64, NS_COUNTER_NR);
 BPF_RINGBUF_OUTPUT(ns_events, NS_RING_PAGES);
@@ -548,12 +571,14 @@ static __always_inline int ns_rx_lookup_end(u64 sk, u32 end_seq, struct ns_rx_ti
 static __always_inline void ns_thread_sched(u32 tid, struct ns_sched *out)
 {
 	__builtin_memset(out, 0, sizeof(*out));
-	struct ns_thread *t = ns_threads.lookup(&tid);
-	if (!t) {
-		struct ns_thread fresh = {};
-		fresh.ts_tracked_ns = bpf_ktime_get_ns();
-		fresh.on_cpu = 1; /* asked from the thread itself, at a syscall exit */
-		ns_threads.update(&tid, &fresh);
+	struct ns_thread *t = ns_thread_slot(tid);
+	if (!t)
+		return;
+	if (t->tid != tid) {
+		__builtin_memset(t, 0, sizeof(*t));
+		t->ts_tracked_ns = bpf_ktime_get_ns();
+		t->on_cpu = 1; /* asked from the thread itself, at a syscall exit */
+		t->tid = tid;
 		return;
 	}
 	out->ts_wakeup_ns = t->ts_wakeup_ns;

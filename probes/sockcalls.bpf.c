@@ -48,6 +48,7 @@
 #define NO_CALL (-1)
 
 struct sockcall_inflight {
+	u64 id;     /* the thread's pid_tgid: whose slot this is now (0: nobody's) */
 	u64 enter_ts_ns;
 	u64 sk;
 	u64 ptr;    /* buffer, iovec array, or user_msghdr */
@@ -77,11 +78,21 @@ struct conn_info {
 	u8 daddr[16];
 };
 
-/* One slot per traced thread, reused call after call (filled in place: no
- * insert and delete per call); LRU so that slots of threads that exited go
- * away. A thread blocked in a call longer than SOCKCALLS_INFLIGHT_MAX other
- * threads take to start calls would lose its slot, and that call's event. */
-BPF_TABLE("lru_hash", u64, struct sockcall_inflight, sockcalls_inflight, SOCKCALLS_INFLIGHT_MAX);
+/* The call a thread is in, in slot tid % SOCKCALLS_INFLIGHT_MAX, tagged with
+ * the thread: an array, not a hash. sc_exit runs at the exit of every read and
+ * write on the machine (libzmq's eventfd signals too) and must turn those away
+ * cheaply; an array lookup is a few instructions where an LRU hash lookup
+ * hashes and updates its LRU state (docs/cost.md). A call whose slot a
+ * colliding thread took before it returned is lost and counted
+ * (inflight_full); with SOCKCALLS_INFLIGHT_MAX at or above pid_max no two
+ * threads share a slot. */
+BPF_ARRAY(sockcalls_inflight, struct sockcall_inflight, SOCKCALLS_INFLIGHT_MAX);
+
+static __always_inline struct sockcall_inflight *sc_inflight_slot(u64 id)
+{
+	u32 slot = (u32)id % SOCKCALLS_INFLIGHT_MAX;
+	return sockcalls_inflight.lookup(&slot);
+}
 BPF_TABLE("lru_hash", u64, struct conn_info, sockcalls_conns, SOCKCALLS_CONNS_MAX);
 BPF_PERCPU_ARRAY(sockcalls_counters, u64, SOCKCALL_COUNTER_NR);
 BPF_RINGBUF_OUTPUT(sockcalls_events, SOCKCALLS_RING_PAGES);
@@ -243,6 +254,7 @@ static __always_inline int sc_enter(void *ctx, u8 call, u64 fd, u64 ptr, u64 len
 	 * on veth and loopback the segments leave inside the syscall. */
 	ns_track(sk);
 	struct sockcall_inflight in = {};
+	in.id = id;
 	in.enter_ts_ns = ts;
 	in.sk = sk;
 	in.ptr = ptr;
@@ -251,11 +263,12 @@ static __always_inline int sc_enter(void *ctx, u8 call, u64 fd, u64 ptr, u64 len
 	in.syscall_nr = TP_S32(ctx, TP_SYSCALL_NR);
 	in.call = call;
 	in.seq_start = kread_u32(sk + (is_send(call) ? OFF_TCP_WRITE_SEQ : OFF_TCP_COPIED_SEQ));
-	struct sockcall_inflight *slot = sockcalls_inflight.lookup(&id);
-	if (slot)
-		*slot = in;
-	else if (sockcalls_inflight.update(&id, &in))
-		sc_count(SOCKCALL_COUNTER_INFLIGHT_FULL);
+	struct sockcall_inflight *slot = sc_inflight_slot(id);
+	if (!slot)
+		return 0;
+	if (slot->id != id && slot->id && slot->syscall_nr != NO_CALL)
+		sc_count(SOCKCALL_COUNTER_INFLIGHT_FULL); /* another thread's call in flight there is lost */
+	*slot = in;
 	return 0;
 }
 
@@ -314,8 +327,8 @@ static __always_inline void conn_facts(u64 sk, struct sockcall_event *ev)
 int sc_exit(void *ctx)
 {
 	u64 id = bpf_get_current_pid_tgid();
-	struct sockcall_inflight *found = sockcalls_inflight.lookup(&id);
-	if (!found || found->syscall_nr != TP_S32(ctx, TP_SYSCALL_NR))
+	struct sockcall_inflight *found = sc_inflight_slot(id);
+	if (!found || found->id != id || found->syscall_nr != TP_S32(ctx, TP_SYSCALL_NR))
 		return 0;
 	u64 ts = bpf_ktime_get_ns();
 	struct sockcall_inflight in = *found;

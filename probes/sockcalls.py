@@ -81,7 +81,9 @@ SOCKCALLS = Probe(
     constants={
         # name: (default, low, high)
         "SOCKCALLS_RING_PAGES": (1024, 1, 1 << 16),  # 4 MiB: ~1000 full records, ~10k small ones
-        "SOCKCALLS_INFLIGHT_MAX": (16384, 64, 1 << 20),  # threads inside a traced call at once
+        # slots of threads inside a traced call (tid % this; 56 B each: 1.8 MiB):
+        # pid_max (32768 here) or more, and no two threads share one
+        "SOCKCALLS_INFLIGHT_MAX": (32768, 64, 1 << 22),
         "SOCKCALLS_CONNS_MAX": (16384, 64, 1 << 22),  # connections whose facts are cached (~136 B each)
         # iovecs of a call the walker reads (UIO_MAXIOV: all), SOCKCALLS_IOV_WINDOW at a time
         # (a walk step reads the next window; a larger window makes the verifier refuse the walk)

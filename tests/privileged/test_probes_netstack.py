@@ -495,8 +495,10 @@ def test_netstack_in_cluster(tmp_path):
         assert later and all(s.flags == E.NS_SCHED_F_TRACKED for s in later)
         for a, b in zip(later, later[1:]):
             assert a.runq_ns <= b.runq_ns and a.oncpu_ns <= b.oncpu_ns and a.nr_switch_in <= b.nr_switch_in
-        # blocking reads: the thread slept and was woken before the call returned
+        # blocking reads: the thread slept and was woken before the call returned, and the
+        # switch hook saw it come back on a CPU (both hooks gate on ns_thread_bits)
         assert any(s.ts_wakeup_ns for s in later)
+        assert later[-1].nr_switch_in > 0 and later[-1].oncpu_ns > 0
         for h in mine[1:]:
             assert h.sched.ts_wakeup_ns <= h.ts_exit_ns and h.sched.ts_switch_in_ns <= h.ts_exit_ns
 
