@@ -60,7 +60,10 @@ enum sockcall_counter {
 	SOCKCALL_COUNTER_CONNS_REMOVED = PSLAT_COUNTER_FIRST_EXTRA + 17,
 	SOCKCALL_COUNTER_WALKS_MADE = PSLAT_COUNTER_FIRST_EXTRA + 18,   /* sockcalls_walk (one per direction) */
 	SOCKCALL_COUNTER_WALKS_REMOVED = PSLAT_COUNTER_FIRST_EXTRA + 19,
-	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 20,
+	/* The message records (struct sockcall_msg), when compiled in: */
+	SOCKCALL_COUNTER_MSGS_OUT = PSLAT_COUNTER_FIRST_EXTRA + 20,    /* records sent */
+	SOCKCALL_COUNTER_MSGS_LOST = PSLAT_COUNTER_FIRST_EXTRA + 21,   /* message ends without one: its ring was full, or the tail-call budget ran out */
+	SOCKCALL_COUNTER_NR = PSLAT_COUNTER_FIRST_EXTRA + 22,
 };
 #define SOCKCALL_COUNTER_NOT_PROTOCOL SOCKCALL_COUNTER_NOT_ZMTP /* the engine's name for it */
 
@@ -80,7 +83,7 @@ enum sockcall_counter {
 #define SOCKCALL_F_CONTINUED    0x08 /* the call's items did not fit: the next record of this thread continues them */
 
 /* Bytes of items per record (a power of two). */
-#define SOCKCALL_PAYLOAD_MAX 4096
+#define SOCKCALL_PAYLOAD_MAX 16384
 
 /* One completed syscall. Emitted at syscall exit; the record is cut after
  * payload[payload_bytes], so a reader must accept records shorter than
@@ -197,6 +200,23 @@ struct sockcall_msg_end {
 	__u32 frames;        /* frames of the message */
 	__u64 msg_index;     /* messages this direction of the connection ended before it, since the walk began */
 };
+
+/* ---- sockcalls: one fixed record per message end (issue 15's fast path) ----
+ *
+ * Sent to its own ring (sockcalls_msgs) for every message end the walker
+ * finds, beside the call's record, when SOCKCALLS_MSG_RECORDS is compiled
+ * in. `items` is the slice of the call's payload that belongs to the
+ * message: the items from the previous message end of the call (or from the
+ * call's first item) up to and including this message's MSG_END item. They
+ * decode as a call's payload does (probes/events.py decode_items): the
+ * framing's copied headers and id-bearing bodies, key samples, marks. */
+#define SOCKCALL_MSG_ITEMS_MAX 512 /* a power of two */
+
+#define SOCKCALL_MSG_F_ITEMS_CUT  0x01 /* the slice is longer than items[]: its first items_bytes only */
+#define SOCKCALL_MSG_F_ITEMS_LOST 0x02 /* the slice began in an earlier record of the call (flushed): items[] is empty */
+#define SOCKCALL_MSG_F_RX_TIMES   0x04 /* rx holds the netstack's times (receives, with the netstack probe) */
+/* struct sockcall_msg: after the netstack section (it holds a struct ns_rx_times) */
+
 
 /* A stretch of frame 1 (ps-lite's keys, little-endian uint64) that was
  * hashed: key t of the stretch (at call_off + 8 t) is sampled iff
@@ -433,5 +453,25 @@ struct ns_window {
 	__u32 flags;           /* NS_WIN_F_* */
 };
 /* ==== netstack: END ==== */
+
+/* The fixed message record of the sockcalls section (SOCKCALL_MSG_*, above). */
+struct sockcall_msg {
+	__u64 enter_ts_ns;   /* the call holding the message's last byte: entry (CLOCK_MONOTONIC) */
+	__u64 exit_ts_ns;    /* ... and exit */
+	__u64 sk;
+	__u64 msg_index;     /* as in its MSG_END item */
+	__u32 tgid;
+	__u32 tid;
+	__u32 netns_ino;
+	__u32 seq_start;     /* the call's range, as in its record */
+	__u32 seq_end;
+	__u32 end_seq;       /* TCP sequence one past the message's last byte */
+	__u32 frames;
+	__u16 items_bytes;   /* valid bytes in items[] */
+	__u8  call;          /* enum sockcall_call */
+	__u8  flags;         /* SOCKCALL_MSG_F_* */
+	struct ns_rx_times rx; /* receives with the netstack probe (flags RX_TIMES) */
+	__u8  items[SOCKCALL_MSG_ITEMS_MAX];
+};
 
 #endif /* PSLAT_EVENTS_H */

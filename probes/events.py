@@ -52,13 +52,13 @@ SOCKCALL_F_ISN_DERIVED = 0x02
 SOCKCALL_F_PAYLOAD_FAULT = 0x04
 SOCKCALL_F_CONTINUED = 0x08
 
-SOCKCALL_PAYLOAD_MAX = 4096
+SOCKCALL_PAYLOAD_MAX = 16384
 
 # Counter slots of the sockcalls probe, in order (enum pslat_counter, enum sockcall_counter).
 SOCKCALL_COUNTERS = ("seen", "lost", "eagain", "inflight_full", "walk_bytes", "frames", "messages",
                      "desyncs", "key_samples", "truncated", "not_zmtp", "stream_gaps", "walk_aborted",
                      "hints_applied", "hints_stale", "self_syncs", "walk_budget", "hunted_bytes",
-                     "conns_made", "conns_removed", "walks_made", "walks_removed")
+                     "conns_made", "conns_removed", "walks_made", "walks_removed", "msgs_out", "msgs_lost")
 
 
 class SockcallItemKind(enum.IntEnum):
@@ -627,3 +627,35 @@ class NsWindow(ctypes.Structure):
 NETSTACK_MIRRORS = (NsTxEvent, NsTxDoneEvent, NsRetransEvent, NsConnEvent, NsCallEvent, NsClockEvent, NsRxTimes,
                     NsSched, NsWindow)
 # ==== netstack: END ====
+
+
+# ---- the sockcalls probe's fixed message record (after NsRxTimes, which it holds)
+
+SOCKCALL_MSG_ITEMS_MAX = 512
+SOCKCALL_MSG_F_ITEMS_CUT = 0x01
+SOCKCALL_MSG_F_ITEMS_LOST = 0x02
+SOCKCALL_MSG_F_RX_TIMES = 0x04
+
+
+class SockcallMsg(ctypes.Structure):
+    """struct sockcall_msg: one per message end, on the sockcalls_msgs ring."""
+
+    c_name = "struct sockcall_msg"
+    _fields_ = [
+        ("enter_ts_ns", ctypes.c_uint64),
+        ("exit_ts_ns", ctypes.c_uint64),
+        ("sk", ctypes.c_uint64),
+        ("msg_index", ctypes.c_uint64),
+        ("tgid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("netns_ino", ctypes.c_uint32),
+        ("seq_start", ctypes.c_uint32),
+        ("seq_end", ctypes.c_uint32),
+        ("end_seq", ctypes.c_uint32),
+        ("frames", ctypes.c_uint32),
+        ("items_bytes", ctypes.c_uint16),
+        ("call", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("rx", NsRxTimes),
+        ("items", ctypes.c_uint8 * SOCKCALL_MSG_ITEMS_MAX),
+    ]

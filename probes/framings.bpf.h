@@ -128,11 +128,16 @@ static __always_inline int fr_chain_frame(int proto, const u8 *h, u64 r, u32 idx
 	}
 }
 
-/* ---- the programs: one set per protocol, walk_ends shared ------------------ */
+/* ---- the programs: one set per protocol, walk_ends and walk_msgs shared ---- */
 
 int walk_ends(void *ctx)
 {
 	return wk_ends_pass(ctx);
+}
+
+int walk_msgs(void *ctx)
+{
+	return wk_msgs_pass(ctx);
 }
 
 int zmtp_walk(void *ctx)

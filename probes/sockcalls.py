@@ -103,6 +103,11 @@ SOCKCALLS = Probe(
         "SOCKCALLS_PREFIX_BYTES": (256, 0, 512),  # raw bytes of an unsynced call (and after a desync)
         "SOCKCALLS_WALK_CONNS_MAX": (32768, 64, 1 << 22),  # connection directions walked (~64 B each)
         "SOCKCALLS_HINTS_MAX": (4096, 16, 1 << 20),  # sync hints waiting to apply
+        # one fixed record per message end (events.h struct sockcall_msg) on a ring of
+        # its own, beside the call's record: the fast path's input (docs/cost.md)
+        "SOCKCALLS_MSG_RECORDS": (0, 0, 1),
+        "SOCKCALLS_MSG_RING_PAGES": (512, 1, 1 << 16),  # 2 MiB: ~3,400 records
+        "SOCKCALLS_MSGS_PER_PASS": (8, 1, 16),  # records per walk_msgs pass
         "SOCKCALLS_ENDS_PER_PASS": (8, 1, 8),  # message ends per netstack lookup pass (verifier: ~55k insns each)
     },
     lru_maps=(LruMap("conns", "conns_made", "conns_removed", "SOCKCALLS_CONNS_MAX"),
@@ -129,6 +134,7 @@ WALKER_PROGRAMS = {
     "zmtp_hunt_end": _slot(WalkProtocol.ZMTP, 2),
     "brpc_hunt_end": _slot(WalkProtocol.BRPC, 2),
     "walk_ends": 0,
+    "walk_msgs": 1,
 }
 # The protocols (parsers/registry.py names) the walker has a framing for: only
 # their streams get sync hints from user space.

@@ -109,12 +109,14 @@ fr_chain_frame(int proto, const u8 *h, u64 r, u32 idx, u64 *len); /* -1 bad, 0 m
 #define WK_ITEM_HDR 8      /* sizeof(struct sockcall_item) */
 #define WK_ITEM_MAX 64     /* largest fixed-size item body (struct ns_sched: 48) */
 #define WK_ENDS_MAX 256    /* message ends of one call kept for the netstack lookups */
+#define WK_FROM_CUT 0xFFFF /* msg_from: the message's items began in a record of the call already sent */
 #define WK_DIR_TX 0
 #define WK_DIR_RX 1
 
 /* Tail-call slots of sockcalls_progs: the shared netstack lookups at 0, the
  * programs of protocol P (SOCKCALL_PROTO_*, from 1) at WK_SLOT(P, kind). */
 #define WK_SLOT_ENDS 0
+#define WK_SLOT_MSGS 1 /* the message records (SOCKCALLS_MSG_RECORDS), shared too */
 #define WK_PROG_WALK 0
 #define WK_PROG_HUNT 1
 #define WK_PROG_HUNT_END 2
@@ -240,6 +242,19 @@ struct wk_walk {
 	u32 n_ends;     /* message ends of this call (the first WK_ENDS_MAX are kept) */
 	u32 ends_done;  /* of them, looked up in the netstack rings */
 	u32 ends[WK_ENDS_MAX]; /* their call offsets */
+	/* The message records (SOCKCALLS_MSG_RECORDS): each end's slice of the
+	 * payload, [from, to) as from | to << 16 (from WK_FROM_CUT: it began in a
+	 * record already sent), and which record of the call its end is in
+	 * (flushes then: a later flush sent it). */
+	u32 end_span[WK_ENDS_MAX];
+	u8 end_gen[WK_ENDS_MAX];
+	u32 msg_from;          /* payload offset where the next message's items begin */
+	u32 msg_from_gen;      /* flushes when msg_from was set */
+	u32 flushes;           /* records of this call sent so far (wk_emit, continued) */
+	u32 rx_base;           /* payload offset of the first end's RX_TIMES item (walk_ends) */
+	u32 rx_gen;            /* flushes when walk_ends began */
+	u32 msgs_done;         /* ends that have had their record (or were given up) */
+	u32 msgs_out;          /* records sent for this call */
 	u32 frames, messages, key_samples, truncated; /* this call, for the counters */
 	volatile u8 has_piece;
 	u8 stopped;     /* walking stopped (end of walkable bytes or WALK_END) */
@@ -282,6 +297,9 @@ BPF_TABLE("lru_hash", struct wk_key, struct wk_state, sockcalls_walk, SOCKCALLS_
  * taken; with a plain hash such hints would fill the map for good. */
 BPF_TABLE("lru_hash", struct wk_key, struct wk_hint, sockcalls_sync_hint, SOCKCALLS_HINTS_MAX);
 BPF_PROG_ARRAY(sockcalls_progs, WK_SLOTS);
+#if SOCKCALLS_MSG_RECORDS
+BPF_RINGBUF_OUTPUT(sockcalls_msgs, SOCKCALLS_MSG_RING_PAGES);
+#endif
 
 static __always_inline void wk_count(int slot, u64 n)
 {
@@ -313,10 +331,12 @@ static __always_inline void wk_emit(struct wk_scratch *s, int continued)
 	if (n > SOCKCALL_PAYLOAD_MAX)
 		n = SOCKCALL_PAYLOAD_MAX;
 	ev->payload_bytes = n;
-	if (continued)
+	if (continued) {
 		ev->flags |= SOCKCALL_F_CONTINUED;
-	else
+		s->w.flushes++;
+	} else {
 		ev->flags &= ~SOCKCALL_F_CONTINUED;
+	}
 	wk_count(PSLAT_COUNTER_SEEN, 1);
 	u64 size = offsetof(struct sockcall_event, payload) + n;
 	/* keep the bound where the verifier sees it, next to the call */
@@ -650,8 +670,15 @@ static __always_inline void wk_message_end(struct wk_scratch *s)
 	m->frames = st->frame_idx + 1;
 	m->msg_index = st->msg_count;
 	u32 n = w->n_ends;
-	if (n < WK_ENDS_MAX)
+	u32 to = w->data_pos; /* just past the MSG_END item */
+	if (n < WK_ENDS_MAX) {
 		w->ends[n & (WK_ENDS_MAX - 1)] = (u32)w->pos;
+		u32 from = w->msg_from_gen == w->flushes ? w->msg_from : WK_FROM_CUT;
+		w->end_span[n & (WK_ENDS_MAX - 1)] = from | (to << 16);
+		w->end_gen[n & (WK_ENDS_MAX - 1)] = (u8)w->flushes;
+	}
+	w->msg_from = to;
+	w->msg_from_gen = w->flushes;
 	w->n_ends = n + 1;
 	w->any_end = 1;
 	w->messages++;
@@ -1013,6 +1040,9 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
 	w->any_end = 0;
 	w->n_ends = 0;
 	w->ends_done = 0;
+	w->msg_from = w->msg_from_gen = 0;
+	w->flushes = 0;
+	w->msgs_done = w->msgs_out = 0;
 	w->frames = w->messages = w->key_samples = w->truncated = 0;
 	w->hunt_from = w->h_at = w->h_rej_end = 0;
 	w->h_tail_at = total;
@@ -1383,6 +1413,92 @@ static __always_inline int wk_ends_lookup(struct wk_scratch *s)
 #endif
 }
 
+#if SOCKCALLS_MSG_RECORDS
+/* The message records of the next SOCKCALLS_MSGS_PER_PASS ends of the call
+ * (events.h, struct sockcall_msg). Returns 1 while ends remain. */
+static __always_inline int wk_msgs_emit(struct wk_scratch *s)
+{
+	struct wk_walk *w = &s->w;
+	u32 n = w->n_ends < WK_ENDS_MAX ? w->n_ends : WK_ENDS_MAX;
+	u32 done = w->msgs_done;
+	u64 first = w->st.msg_count - w->n_ends;
+	int rx_ok = w->key.dir == WK_DIR_RX && w->ends_done && w->rx_gen == w->flushes;
+	for (int i = 0; i < SOCKCALLS_MSGS_PER_PASS; i++) {
+		u32 e = done + i;
+		if (e >= n)
+			break;
+		struct sockcall_msg *r = sockcalls_msgs.ringbuf_reserve(sizeof(struct sockcall_msg));
+		if (!r)
+			continue; /* counted with the ends that got none, in wk_finish */
+		r->enter_ts_ns = s->ev.enter_ts_ns;
+		r->exit_ts_ns = s->ev.exit_ts_ns;
+		r->sk = w->key.sk;
+		r->msg_index = first + e;
+		r->tgid = s->ev.tgid;
+		r->tid = s->ev.tid;
+		r->netns_ino = s->ev.netns_ino;
+		r->seq_start = s->ev.seq_start;
+		r->seq_end = s->ev.seq_end;
+		r->end_seq = w->seq_start + w->ends[e & (WK_ENDS_MAX - 1)];
+		r->frames = 0;
+		r->call = s->ev.call;
+		r->flags = 0;
+		r->items_bytes = 0;
+		u32 span = w->end_span[e & (WK_ENDS_MAX - 1)];
+		u32 from = span & 0xFFFF, to = span >> 16;
+		if (from == WK_FROM_CUT || w->end_gen[e & (WK_ENDS_MAX - 1)] != (u8)w->flushes || to <= from) {
+			r->flags |= SOCKCALL_MSG_F_ITEMS_LOST;
+		} else {
+			u32 len = to - from;
+			if (len > SOCKCALL_MSG_ITEMS_MAX) {
+				len = SOCKCALL_MSG_ITEMS_MAX;
+				r->flags |= SOCKCALL_MSG_F_ITEMS_CUT;
+			}
+			from &= SOCKCALL_PAYLOAD_MAX - 1;
+			len &= SOCKCALL_MSG_ITEMS_MAX * 2 - 1;
+			if (len > SOCKCALL_MSG_ITEMS_MAX)
+				len = SOCKCALL_MSG_ITEMS_MAX;
+			if (len && bpf_probe_read_kernel(r->items, len, &s->ev.payload[from]) == 0)
+				r->items_bytes = len;
+			/* the slice ends with this message's MSG_END item: its frame count */
+			u32 at = len - sizeof(struct sockcall_msg_end) + offsetof(struct sockcall_msg_end, frames);
+			if (r->items_bytes == to - from && len >= WK_ITEM_HDR + sizeof(struct sockcall_msg_end) &&
+			    at <= SOCKCALL_MSG_ITEMS_MAX - sizeof(u32))
+				bpf_probe_read_kernel(&r->frames, sizeof(u32), &r->items[at]);
+		}
+		if (rx_ok && e < w->ends_done) {
+			u32 at = w->rx_base + e * (WK_ITEM_HDR + sizeof(struct ns_rx_times)) + WK_ITEM_HDR;
+			if (at + sizeof(struct ns_rx_times) <= w->data_pos) {
+				bpf_probe_read_kernel(&r->rx, sizeof(r->rx), &s->ev.payload[at & (SOCKCALL_PAYLOAD_MAX - 1)]);
+				r->flags |= SOCKCALL_MSG_F_RX_TIMES;
+			}
+		}
+		sockcalls_msgs.ringbuf_submit(r, 0);
+		w->msgs_out++;
+	}
+	done += SOCKCALLS_MSGS_PER_PASS;
+	w->msgs_done = done;
+	return done < n;
+}
+#endif
+
+/* After the walk: the netstack lookups of its message ends, then their
+ * records; a program that runs neither goes on to wk_finish. */
+static __always_inline void wk_after_walk(void *ctx, struct wk_scratch *s)
+{
+	if (!s->w.n_ends)
+		return;
+	/* the RX_TIMES items of walk_ends follow one another from here (the records read them) */
+	s->w.rx_base = s->w.data_pos;
+	s->w.rx_gen = s->w.flushes;
+#ifdef NETSTACK_LOADED
+	sockcalls_progs.call(ctx, WK_SLOT_ENDS);
+#endif
+#if SOCKCALLS_MSG_RECORDS
+	sockcalls_progs.call(ctx, WK_SLOT_MSGS);
+#endif
+}
+
 /* The call is walked (and wk_write_stop done): per-call netstack state, counters, connection state,
  * the last record. */
 static __always_inline void wk_finish(struct wk_scratch *s)
@@ -1403,6 +1519,10 @@ static __always_inline void wk_finish(struct wk_scratch *s)
 	wk_count(SOCKCALL_COUNTER_MESSAGES, w->messages);
 	wk_count(SOCKCALL_COUNTER_KEY_SAMPLES, w->key_samples);
 	wk_count(SOCKCALL_COUNTER_TRUNCATED, w->truncated);
+#if SOCKCALLS_MSG_RECORDS
+	wk_count(SOCKCALL_COUNTER_MSGS_OUT, w->msgs_out);
+	wk_count(SOCKCALL_COUNTER_MSGS_LOST, w->n_ends - w->msgs_out);
+#endif
 	struct wk_state *known = sockcalls_walk.lookup(&w->key);
 	if (known)
 		*known = w->st;
@@ -1462,10 +1582,7 @@ static __always_inline int wk_walk_pass(void *ctx, const int proto)
 	} else {
 		wk_write_stop(s, 1);
 	}
-#ifdef NETSTACK_LOADED
-	if (s->w.n_ends)
-		sockcalls_progs.call(ctx, WK_SLOT_ENDS);
-#endif
+	wk_after_walk(ctx, s);
 	wk_finish(s);
 	return 0;
 }
@@ -1501,10 +1618,7 @@ static __always_inline int wk_hunt_end_pass(void *ctx, const int proto)
 		wk_stop(s, SOCKCALL_STOP_NO_WALKER, 0);
 		wk_write_stop(s, 1);
 	}
-#ifdef NETSTACK_LOADED
-	if (s->w.n_ends) /* message ends walked before the walk lost sync */
-		sockcalls_progs.call(ctx, WK_SLOT_ENDS);
-#endif
+	wk_after_walk(ctx, s); /* message ends walked before the walk lost sync */
 	wk_finish(s);
 	return 0;
 }
@@ -1520,6 +1634,25 @@ static __always_inline int wk_ends_pass(void *ctx)
 		return 0;
 	if (wk_ends_lookup(s))
 		sockcalls_progs.call(ctx, WK_SLOT_ENDS);
+#if SOCKCALLS_MSG_RECORDS
+	sockcalls_progs.call(ctx, WK_SLOT_MSGS);
+#endif
+	wk_finish(s);
+	return 0;
+}
+
+/* The message records, SOCKCALLS_MSGS_PER_PASS per pass, after the netstack
+ * lookups (ends the tail-call limit leaves without a record are counted:
+ * msgs_lost). One program for every protocol. */
+static __always_inline int wk_msgs_pass(void *ctx)
+{
+	struct wk_scratch *s = wk_scratch();
+	if (!s)
+		return 0;
+#if SOCKCALLS_MSG_RECORDS
+	if (wk_msgs_emit(s))
+		sockcalls_progs.call(ctx, WK_SLOT_MSGS);
+#endif
 	wk_finish(s);
 	return 0;
 }

@@ -9,11 +9,11 @@ import subprocess
 import pytest
 
 from probes import events
-from probes.events import EVENTS_H, SockCall, SockcallEvent
+from probes.events import EVENTS_H, SockCall, SockcallEvent, SockcallMsg
 
 needs_gcc = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc (and linux-libc-dev for linux/types.h)")
 
-MIRRORS = [SockcallEvent]
+MIRRORS = [SockcallEvent, SockcallMsg]
 
 # C constant -> the Python value that mirrors it.
 CONSTANTS = {
@@ -26,6 +26,12 @@ CONSTANTS = {
     "SOCKCALL_F_ISN_DERIVED": events.SOCKCALL_F_ISN_DERIVED,
     "SOCKCALL_F_PAYLOAD_FAULT": events.SOCKCALL_F_PAYLOAD_FAULT,
     "SOCKCALL_PAYLOAD_MAX": events.SOCKCALL_PAYLOAD_MAX,
+    "SOCKCALL_MSG_ITEMS_MAX": events.SOCKCALL_MSG_ITEMS_MAX,
+    "SOCKCALL_MSG_F_ITEMS_CUT": events.SOCKCALL_MSG_F_ITEMS_CUT,
+    "SOCKCALL_MSG_F_ITEMS_LOST": events.SOCKCALL_MSG_F_ITEMS_LOST,
+    "SOCKCALL_MSG_F_RX_TIMES": events.SOCKCALL_MSG_F_RX_TIMES,
+    "SOCKCALL_COUNTER_MSGS_OUT": events.SOCKCALL_COUNTERS.index("msgs_out"),
+    "SOCKCALL_COUNTER_MSGS_LOST": events.SOCKCALL_COUNTERS.index("msgs_lost"),
     **{f"SOCKCALL_{c.name}": c.value for c in SockCall},
     **{f"SOCKCALL_PROTO_{c.name}": c.value for c in events.WalkProtocol},
     "SOCKCALL_PROTO_MAX": max(events.WalkProtocol),
