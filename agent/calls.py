@@ -61,6 +61,7 @@ class Call:
     # netstack state at the call's exit (walker format, calls that ended a message):
     sched: tuple | None = None     # receives: agent.netrows.SchedHistory.snapshot of the thread
     window: bytes | None = None    # sends: struct ns_window of the socket (agent.netrows.window_split)
+    fin: int = 0                   # 1: a receive that also consumed the peer's FIN (in seq_bytes, not a byte)
 
 
 def sockcall_format() -> str:
@@ -83,7 +84,7 @@ _comm_cache: dict[bytes, str] = {}
 
 
 def _call(h, view: list, ends: dict) -> Call:
-    (enter, exit_, sk, _cookie, _ret, tgid, tid, _fd, netns, seq_start, seq_end, isn_l, isn_r,
+    (enter, exit_, sk, _cookie, ret, tgid, tid, _fd, netns, seq_start, seq_end, isn_l, isn_r,
      saddr, daddr, family, sport, dport, _pb, call, flags, comm) = h
     if enter > TIME_NS_MAX or exit_ > TIME_NS_MAX or tgid > PID_MAX or tid > PID_MAX:
         # the pid, tid and time columns could not hold it (probes.events.TIME_NS_MAX)
@@ -102,9 +103,13 @@ def _call(h, view: list, ends: dict) -> Call:
             _comm_cache.clear()
         # a name the traced process chose: control characters (terminal escapes) replaced
         name = _comm_cache[comm] = safe_text(comm.split(b"\0", 1)[0].decode(errors="replace"))
+    seq_bytes = (seq_end - seq_start) & MASK32
     # positional: keyword arguments cost ~1 us per call here
-    return Call(call in _SEND_CALLS, tgid, tid, name, netns, sk, enter, exit_, family, ends_of[0], ends_of[1],
-                isn_l, isn_r, bool(flags & _ISN_FLAGS), seq_start, (seq_end - seq_start) & MASK32, view, ends)
+    c = Call(call in _SEND_CALLS, tgid, tid, name, netns, sk, enter, exit_, family, ends_of[0], ends_of[1],
+             isn_l, isn_r, bool(flags & _ISN_FLAGS), seq_start, seq_bytes, view, ends)
+    if seq_bytes == ret + 1 and ret > 0 and not c.tx:
+        c.fin = 1
+    return c
 
 
 def _moved(h) -> int:

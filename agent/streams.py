@@ -321,7 +321,7 @@ class StreamDecoder:
                 off -= 1 << 32
         c.start_offset = off
         flow.n_calls += 1
-        flow.moved_bytes += c.seq_bytes
+        flow.moved_bytes += c.seq_bytes - c.fin
         if flow.signature_offset < 0 and c.view and type(c.view[0][1]) is bytes and c.view[0][1]:
             flow.signature = c.view[0][1][:SIGNATURE_BYTES]
             flow.signature_offset = off + c.view[0][0]
