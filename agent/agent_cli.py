@@ -71,6 +71,13 @@ def agent(
     protocol: List[str] = typer.Option([], "--protocol", help="connections with an end on PORT speak protocol "
                                        "NAME (PORT=NAME, repeat; default: told from their first bytes)",
                                        rich_help_panel="Filters"),
+    all_call_hooks: bool = typer.Option(False, "--all-call-hooks", help="keep the read, write, readv and "
+                                        "writev hooks attached even while no traced TCP traffic uses them "
+                                        "(default: detached then, and attached again when a new traced "
+                                        "process appears, a stream gap is seen, and every 60 s)"),
+    call_hooks_quiet_s: Optional[float] = typer.Option(None, "--call-hooks-quiet-s", hidden=True,
+                                                       help="seconds without a traced call before a hook "
+                                                            "is detached (tests: shorter than 10)"),
     ring_pages: Optional[int] = typer.Option(None, "--ring-pages", hidden=True,
                                              help="kernel ring buffers' size in pages (tests: flood the agent)"),
 ) -> None:
@@ -117,7 +124,8 @@ def agent(
                               comms=tuple(comm), netns=tuple(netns), ports=tuple(port), host_id=host_id,
                               duration_s=duration, record=record, libs=tuple(lib), print_bpf=print_bpf,
                               netstack=netstack, listen=listen, sample_rate=sample_rate,
-                              overrides=overrides, nice=nice, cpu_budget=cpu_budget, protocols=protocols))
+                              overrides=overrides, nice=nice, cpu_budget=cpu_budget, protocols=protocols,
+                              all_call_hooks=all_call_hooks, call_hooks_quiet_s=call_hooks_quiet_s))
     if not print_bpf:
         # Everything is written and closed: skip the interpreter's teardown (0.3-0.5 s
         # under load, of the 2 s a SIGTERM may take; the kernel closes what is left).

@@ -305,6 +305,8 @@ class AgentOptions:
     nice: int | None = None            # the agent's threads' nice value once attached (agent.priority)
     cpu_budget: float | None = None    # CPU seconds per second the agent may use (agent.shedding)
     protocols: dict = field(default_factory=dict)   # {port: protocol name} forced (--protocol)
+    all_call_hooks: bool = False       # never detach the read/write family's hooks (agent.callhooks)
+    call_hooks_quiet_s: float | None = None   # tests: a shorter quiet window (agent.callhooks.QUIET_S)
 
 
 def check_prerequisites() -> None:
@@ -378,11 +380,14 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
     pipeline: Pipeline | None = None
 
     unread: dict = {"count": None}
+    hooks = None   # agent.callhooks.CallHooks, once attached
 
     def sink(probe: str, raw: bytes) -> None:
         if unread["count"] is not None:
             unread["count"][probe] = unread["count"].get(probe, 0) + 1
             return
+        if hooks is not None and probe == "sockcalls" and len(raw) > _CALL_AT:
+            hooks.seen(raw[_CALL_AT])
         if recorder is not None:
             if probe == "sockcalls" and len(raw) >= _NETNS_END:
                 ino = int.from_bytes(raw[_NETNS_AT:_NETNS_END], "little")
@@ -436,6 +441,12 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         from agent.shedding import Shedder, SheddingLoop
         shedding = SheddingLoop(Shedder(o.sample_rate, attached_ns, o.cpu_budget), live.program.bpf,
                                 lambda note: sink(NOTE_PROBE, json.dumps(note).encode()), pipeline.sampling)
+        if not o.all_call_hooks:
+            from agent.callhooks import CallHooks
+            hooks = CallHooks(live.program.bpf, time.monotonic(), log,
+                              **({} if o.call_hooks_quiet_s is None else {"quiet_s": o.call_hooks_quiet_s}))
+            for meta in (pipeline.meta, *(w.meta for w in pipeline.writers.values())):
+                meta["call_hooks"] = hooks.changes   # the same list: meta.json says what was detached
         if o.nice is not None:
             priority.set(o.nice)
         log(f"ready: tracing {', '.join(named_hosts)} (compile+attach "
@@ -470,6 +481,13 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
                                      time.process_time())
                 if rate is not None:
                     log(f"sampling {100 * rate:.3g}% of host pairs (load shedding)")
+                if hooks is not None:
+                    try:
+                        hooks.tick(now, live.processes_seen, counters.get("sockcalls", {}).get("stream_gaps", 0))
+                    except Exception as e:   # bcc's attach: say so; what is attached stays
+                        log(f"following the read/write hooks stopped ({e}); detached now: "
+                            f"{', '.join(k.name.lower() for k in hooks.detached) or 'none'}")
+                        hooks = None
                 for probe, c in counters.items():
                     lost = c.get("lost", 0)
                     if lost > lost_seen.get(probe, 0):
@@ -480,6 +498,8 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
             if deadline is not None and now >= deadline:
                 stop["why"] = "duration"
         priority.restore()
+        if hooks is not None:
+            hooks.close()   # a detach under way finishes before the probes' own
         if stop["why"] == "SIGTERM":
             decode_until, close_by = stop["at"] + STOP_DECODE_S, stop["at"] + STOP_CLOSE_S
         else:
@@ -567,6 +587,14 @@ def _netns_slice() -> tuple[int, int]:
 
 
 _NETNS_AT, _NETNS_END = _netns_slice()
+
+
+def _call_at() -> int:
+    from probes.events import SockcallEvent
+    return SockcallEvent.call.offset
+
+
+_CALL_AT = _call_at()   # the syscall of a sockcalls event (agent.callhooks follows them)
 
 
 # ---------------------------------------------------------------- replay
