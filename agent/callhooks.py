@@ -32,10 +32,11 @@ KINDS = (SockCall.READ, SockCall.WRITE, SockCall.READV, SockCall.WRITEV)
 
 
 def _tracepoints(kind: SockCall) -> tuple[tuple[bytes, bytes], ...]:
-    """(tracepoint, program) of a kind's entry and exit (probes/sockcalls.py SOCKCALLS.attach)."""
-    name = kind.name.lower()
-    return ((f"syscalls:sys_enter_{name}".encode(), f"sc_enter_{name}".encode()),
-            (f"syscalls:sys_exit_{name}".encode(), b"sc_exit"))
+    """(tracepoint, program) of a kind's entry and exit, as the probe attaches them."""
+    from probes.sockcalls import SOCKCALLS
+
+    ends = (f"sys_enter_{kind.name.lower()}", f"sys_exit_{kind.name.lower()}")
+    return tuple((a.target.encode(), a.fn.encode()) for a in SOCKCALLS.attach if a.target.endswith(ends))
 
 
 class CallHooks:
@@ -52,8 +53,8 @@ class CallHooks:
             close_fd = lib.bpf_close_perf_event_fd
         self._close_fd = close_fd
         self.calls = [0] * (max(SockCall) + 1)   # traced TCP calls per SockCall value, since the start
-        self._window = {k: (now_s, self._other_calls(k)) for k in KINDS}   # kind -> (since, others then)
-        self._used = {k: 0 for k in KINDS}       # the kind's calls when its window began
+        # kind -> (its quiet window's start, its calls then, the other kinds' calls then)
+        self._window = {k: (now_s, 0, 0) for k in KINDS}
         self.detached: dict[SockCall, float] = {}   # kind -> when (monotonic s)
         self.changes: list[dict] = []            # for meta.json: what was detached or attached, when, why
         self._processes = None
@@ -66,6 +67,9 @@ class CallHooks:
 
     def _other_calls(self, kind: SockCall) -> int:
         return sum(self.calls) - self.calls[kind]
+
+    def _window_from(self, now_s: float, kind: SockCall) -> tuple[float, int, int]:
+        return now_s, self.calls[kind], self._other_calls(kind)
 
     def tick(self, now_s: float, processes_seen: int, stream_gaps: int) -> None:
         new_process = self._processes is not None and processes_seen != self._processes
@@ -81,10 +85,9 @@ class CallHooks:
         for kind in KINDS:
             if kind in self.detached:
                 continue
-            since, others = self._window[kind]
-            if self.calls[kind] != self._used[kind]:   # it carries traced TCP calls: a new window
-                self._used[kind] = self.calls[kind]
-                self._window[kind] = (now_s, self._other_calls(kind))
+            since, own, others = self._window[kind]
+            if self.calls[kind] != own:   # it carries traced TCP calls: a new window
+                self._window[kind] = self._window_from(now_s, kind)
             elif now_s - since >= self._quiet_s and self._other_calls(kind) - others >= QUIET_MIN_CALLS:
                 quiet.append(kind)
         if quiet:
@@ -108,8 +111,7 @@ class CallHooks:
                 if tp not in self._bpf.tracepoint_fds:
                     self._bpf.attach_tracepoint(tp=tp, fn_name=fn)
             del self.detached[k]
-            self._used[k] = self.calls[k]
-            self._window[k] = (now_s, self._other_calls(k))
+            self._window[k] = self._window_from(now_s, k)
         self._note(now_s, "attached", kinds, why)
 
     def _note(self, now_s: float, what: str, kinds: list[SockCall], why: str) -> None:

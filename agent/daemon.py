@@ -580,21 +580,14 @@ def _drain_for(live: LiveSource, seconds: float) -> bool:
     return emptied
 
 
-def _netns_slice() -> tuple[int, int]:
+def _sockcall_offsets() -> tuple[int, int, int]:
+    """Where a sockcalls event holds its netns inode (start, end) and its syscall."""
     from probes.events import SockcallEvent
     at = SockcallEvent.netns_ino.offset
-    return at, at + 4
+    return at, at + 4, SockcallEvent.call.offset
 
 
-_NETNS_AT, _NETNS_END = _netns_slice()
-
-
-def _call_at() -> int:
-    from probes.events import SockcallEvent
-    return SockcallEvent.call.offset
-
-
-_CALL_AT = _call_at()   # the syscall of a sockcalls event (agent.callhooks follows them)
+_NETNS_AT, _NETNS_END, _CALL_AT = _sockcall_offsets()   # _CALL_AT: agent.callhooks follows the syscalls
 
 
 # ---------------------------------------------------------------- replay

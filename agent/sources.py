@@ -466,7 +466,6 @@ class LiveSource:
         self._readers: list[tuple[str, object]] = []   # (probe, probes.loader.RingReader) per kernel ring
         self._probed: set[tuple] = set()      # (library, layer, pid or None)
         self._known_tgids: set[int] = set()
-        self._seen_tgids: set[int] = set()    # selected processes alive at the last rescan
         self.processes_seen = 0               # selected processes seen so far (agent.callhooks)
         self.bypass = BypassWatch()           # processes whose messages go around the sockets
         self._lib_wait: dict[int, float] = {}   # tgid -> when first seen without a framework library
@@ -582,8 +581,6 @@ class LiveSource:
         # processes that exited are forgotten: these maps stay as large as the processes
         # running (process churn would grow them), and a reused pid is looked at anew
         alive = set(running)
-        self.processes_seen += len(alive - self._seen_tgids)
-        self._seen_tgids = alive
         self._known_tgids &= alive
         self.bypass.forget_exited(alive)
         for seen in (self._lib_wait, self._vsize_seen):
@@ -592,6 +589,8 @@ class LiveSource:
         for tgid in running:
             if tgid in self._known_tgids:
                 continue
+            if tgid not in self._lib_wait:   # a process not looked at before
+                self.processes_seen += 1
             self._judge_transport(tgid)
             vsize = _vsize(tgid)
             # nothing mapped or unmapped since the last look: still no library

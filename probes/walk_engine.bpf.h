@@ -333,7 +333,9 @@ static __always_inline void wk_emit(struct wk_scratch *s, int continued)
 	ev->payload_bytes = n;
 	if (continued) {
 		ev->flags |= SOCKCALL_F_CONTINUED;
+#if SOCKCALLS_MSG_RECORDS
 		s->w.flushes++;
+#endif
 	} else {
 		ev->flags &= ~SOCKCALL_F_CONTINUED;
 	}
@@ -670,15 +672,18 @@ static __always_inline void wk_message_end(struct wk_scratch *s)
 	m->frames = st->frame_idx + 1;
 	m->msg_index = st->msg_count;
 	u32 n = w->n_ends;
+	if (n < WK_ENDS_MAX)
+		w->ends[n & (WK_ENDS_MAX - 1)] = (u32)w->pos;
+#if SOCKCALLS_MSG_RECORDS
 	u32 to = w->data_pos; /* just past the MSG_END item */
 	if (n < WK_ENDS_MAX) {
-		w->ends[n & (WK_ENDS_MAX - 1)] = (u32)w->pos;
 		u32 from = w->msg_from_gen == w->flushes ? w->msg_from : WK_FROM_CUT;
 		w->end_span[n & (WK_ENDS_MAX - 1)] = from | (to << 16);
 		w->end_gen[n & (WK_ENDS_MAX - 1)] = (u8)w->flushes;
 	}
 	w->msg_from = to;
 	w->msg_from_gen = w->flushes;
+#endif
 	w->n_ends = n + 1;
 	w->any_end = 1;
 	w->messages++;
@@ -1040,9 +1045,11 @@ static __always_inline int wk_begin(struct wk_scratch *s, u64 sk, u8 call, u32 d
 	w->any_end = 0;
 	w->n_ends = 0;
 	w->ends_done = 0;
+#if SOCKCALLS_MSG_RECORDS
 	w->msg_from = w->msg_from_gen = 0;
 	w->flushes = 0;
 	w->msgs_done = w->msgs_out = 0;
+#endif
 	w->frames = w->messages = w->key_samples = w->truncated = 0;
 	w->hunt_from = w->h_at = w->h_rej_end = 0;
 	w->h_tail_at = total;
@@ -1456,8 +1463,6 @@ static __always_inline int wk_msgs_emit(struct wk_scratch *s)
 			}
 			from &= SOCKCALL_PAYLOAD_MAX - 1;
 			len &= SOCKCALL_MSG_ITEMS_MAX * 2 - 1;
-			if (len > SOCKCALL_MSG_ITEMS_MAX)
-				len = SOCKCALL_MSG_ITEMS_MAX;
 			if (len && bpf_probe_read_kernel(r->items, len, &s->ev.payload[from]) == 0)
 				r->items_bytes = len;
 			/* the slice ends with this message's MSG_END item: its frame count */
@@ -1488,9 +1493,11 @@ static __always_inline void wk_after_walk(void *ctx, struct wk_scratch *s)
 {
 	if (!s->w.n_ends)
 		return;
+#if SOCKCALLS_MSG_RECORDS
 	/* the RX_TIMES items of walk_ends follow one another from here (the records read them) */
 	s->w.rx_base = s->w.data_pos;
 	s->w.rx_gen = s->w.flushes;
+#endif
 #ifdef NETSTACK_LOADED
 	sockcalls_progs.call(ctx, WK_SLOT_ENDS);
 #endif

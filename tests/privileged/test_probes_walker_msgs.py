@@ -61,22 +61,24 @@ class RecordCapture(Capture):
 
 
 class MsgRing:
-    """The sockcalls_msgs ring, read with bcc's ring buffer API."""
+    """The sockcalls_msgs ring, read with the loader's RingReader."""
 
     def __init__(self, prog):
         from probes.events import SockcallMsg
+        from probes.loader import RingReader
 
         self.records: list = []
 
-        def on(_ctx, data, size):
+        def on(data, size):
             assert size == ctypes.sizeof(SockcallMsg)
             self.records.append(SockcallMsg.from_buffer_copy(ctypes.string_at(data, size)))
+            return 0
 
-        prog.bpf[b"sockcalls_msgs"].open_ring_buffer(on)
-        self._bpf = prog.bpf
+        self._reader = RingReader(prog.bpf, "sockcalls_msgs", on)
 
-    def drain(self) -> None:
-        self._bpf.ring_buffer_consume()
+    def drain_and_close(self) -> None:
+        self._reader.consume()
+        self._reader.close()
 
 
 def _slices(call):
@@ -118,7 +120,7 @@ def test_every_message_end_has_its_record_with_the_calls_facts(netns):
             assert dealer.ask("send large 4 4", prog)["sent"] == 4
             assert router.ask("wait 1504", prog)["received"] == 1504
             cap.drain()
-            ring.drain()
+            ring.drain_and_close()
             counters = prog.counters()["sockcalls"]
     finally:
         router.stop()
