@@ -23,8 +23,8 @@ from agent.bounded import CONNS_MAX
 from agent.endpoints import addr_text
 from agent.netrows import SchedHistory
 from core.safetext import safe_text
-from probes.events import (PID_MAX, SOCKCALL_F_ISN_DERIVED, SOCKCALL_F_ISN_EXACT, TIME_NS_MAX, SockCall,
-                           SockcallEvent, WalkStart, WalkStop)
+from probes.events import (PID_MAX, SOCKCALL_BYTES_BODY, SOCKCALL_BYTES_HEADER, SOCKCALL_F_ISN_DERIVED,
+                           SOCKCALL_F_ISN_EXACT, TIME_NS_MAX, SockCall, SockcallEvent, WalkStart, WalkStop)
 
 MASK32 = 0xFFFFFFFF   # TCP sequence numbers
 _SEND_CALLS = frozenset(c.value for c in SockCall if c.is_send)
@@ -62,6 +62,10 @@ class Call:
     sched: tuple | None = None     # receives: agent.netrows.SchedHistory.snapshot of the thread
     window: bytes | None = None    # sends: struct ns_window of the socket (agent.netrows.window_split)
     fin: int = 0                   # 1: a receive that also consumed the peer's FIN (in seq_bytes, not a byte)
+    # walker format, a call walked from a message's start to a message's end (whole_messages):
+    # its messages' items, and the record to build the view from (view is None until then)
+    walked: list | None = None
+    record: tuple | None = None    # (buffer, items start, items end, total)
 
 
 def sockcall_format() -> str:
@@ -196,6 +200,7 @@ _ITEM = struct.Struct("<BBHI")            # kind, what, len, call_off
 _KEYS = struct.Struct("<IBBHQ")           # scanned_bytes, level, count, pad, mask
 _IT_BYTES, _IT_WALK_START, _IT_WALK_END, _IT_MSG_END, _IT_KEYS, _IT_RX_TIMES = 1, 2, 3, 4, 5, 6
 _IT_HUNTED = 9
+_NETSTACK_ITEMS = frozenset((_IT_RX_TIMES, _ITEM_SCHED, _ITEM_WINDOW))
 # per kind (the index): its fixed body length, None when it varies, -1: not a kind
 _FIXED_LEN = (-1, None, 8, 8, 16, None, None, None, None, 8)
 _WALK_HOWS = {_IT_WALK_START: frozenset(WalkStart), _IT_WALK_END: frozenset(WalkStop)}
@@ -205,15 +210,37 @@ _PAYLOAD_MAX = SockcallEvent.payload.size
 _F_CONTINUED = 0x08
 
 
+class _NetstackItems:
+    """A call's items from the netstack lookups: RX_TIMES per message end, SCHED, WINDOW."""
+    __slots__ = ("times", "sched", "window")
+
+    def __init__(self):
+        self.times: dict | None = None    # call offset of a message end -> struct ns_rx_times
+        self.sched: list | None = None    # struct ns_sched bodies
+        self.window: bytes | None = None  # struct ns_window
+
+    def take(self, kind: int, off: int, body: bytes) -> None:
+        if kind == _IT_RX_TIMES:
+            if self.times is None:
+                self.times = {}
+            self.times[off] = body
+        elif kind == _ITEM_SCHED:
+            if self.sched is None:
+                self.sched = []
+            self.sched.append(body)
+        else:
+            self.window = body
+
+
 def _item_bodies(buf: bytes, at: int, end: int):
-    """The items in buf[at:end] as (kind, call_off, body start, body end), each header
-    validated as probes.events.decode_items does."""
+    """The items in buf[at:end] as (kind, call_off, body start, body end, what), each
+    header validated as probes.events.decode_items does."""
     unpack = _ITEM.unpack_from
     n = end - at
     while at < end:
         if end - at < 8:
             raise ValueError(f"sockcall item header cut at payload byte {n - (end - at)} of {n}")
-        kind, _what, ln, off = unpack(buf, at)
+        kind, what, ln, off = unpack(buf, at)
         at += 8
         fixed = _FIXED_LEN[kind] if kind < 10 else -1
         if fixed == -1:
@@ -223,7 +250,7 @@ def _item_bodies(buf: bytes, at: int, end: int):
             raise ValueError(f"sockcall item claims {ln} bytes, {end - at} left")
         if fixed is not None and ln != fixed:
             raise ValueError(f"sockcall item of kind {kind} and {ln} bytes, expected {fixed}")
-        yield kind, off, at, nxt
+        yield kind, off, at, nxt, what
         at = nxt
 
 
@@ -244,10 +271,8 @@ def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
     hunted = []
     start = None
     ends: dict = {}
-    times = None
-    sched = None
-    window = None
-    for kind, off, at, nxt in _item_bodies(buf, at, end):
+    ns = _NetstackItems()
+    for kind, off, at, nxt, _what in _item_bodies(buf, at, end):
         ln = nxt - at
         if kind == _IT_BYTES:
             pieces.append((off, buf[at:nxt]))
@@ -274,16 +299,8 @@ def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
                     pieces.append((off + 8 * (low.bit_length() - 1), buf[k:k + 8]))
                     mask ^= low
                     k += 8
-        elif kind == _IT_RX_TIMES:
-            if times is None:
-                times = {}
-            times[off] = buf[at:nxt]
-        elif kind == _ITEM_SCHED:
-            if sched is None:
-                sched = []
-            sched.append(buf[at:nxt])
-        elif kind == _ITEM_WINDOW:
-            window = buf[at:nxt]
+        elif kind in _NETSTACK_ITEMS:
+            ns.take(kind, off, buf[at:nxt])
         elif kind == _IT_WALK_END:
             if buf[at + 4] not in _END_HOWS:
                 raise ValueError(f"sockcall walk mark of unknown reason {buf[at + 4]}")
@@ -316,7 +333,7 @@ def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
             at = end
         if at < total:
             out.append((at, Skip(total - at)))
-        return out, walked, ends, times, sched, window
+        return out, walked, ends, ns.times, ns.sched, ns.window
 
     def uncaptured(a: int, b: int) -> None:
         # [a, b) holds no captured bytes: Skip where walked, Gap elsewhere
@@ -352,11 +369,73 @@ def _walked_view(buf: bytes, at: int, end: int, total: int) -> tuple:
             out.append((off, data))
         at = off + len(data)
     uncaptured(at, total)
-    return out, walked, ends, times, sched, window
+    return out, walked, ends, ns.times, ns.sched, ns.window
 
 
 def _first(p):
     return p[0]
+
+
+_WALK_MARK = struct.Struct("<IBB")     # struct sockcall_walk_mark: frame_idx, how, phase
+_PHASE_HEADER = 2                      # walk_engine.bpf.h WK_HEADER
+_WHOLE_BYTES = SOCKCALL_BYTES_HEADER | SOCKCALL_BYTES_BODY
+
+
+def whole_messages(buf: bytes, at: int, end: int, total: int) -> tuple | None:
+    """The items of a call the walker followed, in sync, from a message's first byte
+    (a WALK_START at 0, frame 0, at a header) to a message's last (its last MSG_END at
+    the call's end): ([(start, end, pieces, keys)] per message in call order, rx times,
+    sched bodies, window), as _walked_view reads them. pieces: BYTES items as (call
+    offset, bytes); keys: KEYS items as (call offset, count, mask, keys bytes). None for
+    any other call, and for one _walked_view would refuse: that call goes the general
+    way, where a bad record raises."""
+    msgs: list = []
+    pieces: list = []
+    keys: list = []
+    start = covered = 0   # the message's first byte; the end of the last copied piece
+    ns = _NetstackItems()
+    items = _item_bodies(buf, at, end)
+    for kind, off, at, nxt, _what in items:
+        if kind != _IT_WALK_START or off:
+            return None
+        frame_idx, how, phase = _WALK_MARK.unpack_from(buf, at)
+        if frame_idx or phase != _PHASE_HEADER or how not in _START_HOWS:
+            return None
+        break
+    else:
+        return None
+    for kind, off, at, nxt, what in items:
+        if kind == _IT_BYTES:
+            if what & ~_WHOLE_BYTES or off < covered:
+                return None
+            covered = off + nxt - at
+            pieces.append((off, buf[at:nxt]))
+        elif kind == _IT_KEYS:
+            if nxt - at < _KEYS.size:
+                return None
+            _scanned, _level, count, _pad, mask = _KEYS.unpack_from(buf, at)
+            if nxt - at != _KEYS.size + 8 * count or off < covered:
+                return None
+            covered = off + 8 * mask.bit_length()
+            keys.append((off, count, mask, buf[at + _KEYS.size:nxt]))
+        elif kind == _IT_MSG_END:
+            if off <= start:
+                return None
+            msgs.append((start, off, pieces, keys))
+            pieces, keys, start = [], [], off
+        elif kind in _NETSTACK_ITEMS:
+            ns.take(kind, off, buf[at:nxt])
+        else:   # a walk that stopped, a hunt, another start
+            return None
+    if start != total or pieces or keys or covered > total:
+        return None
+    return msgs, ns.times, ns.sched, ns.window
+
+
+def walked_view(c: Call) -> list:
+    """The stream view of a call whose items whole_messages took (agent/streams.py
+    builds it only when the direction's parser cannot take the messages as they are)."""
+    return _walked_view(*c.record)[0]
 
 
 class SockcallAssembler:
@@ -409,7 +488,12 @@ class SockcallAssembler:
             if buf is raw:
                 _check_items(raw, at, at + pb)   # a bad record is refused even when it moved nothing
             return None
-        view, walked, ends, times, sched, window = _walked_view(buf, at, end, total)
+        whole = whole_messages(buf, at, end, total)
+        if whole is not None:
+            msgs, times, sched, window = whole
+            view, walked, ends = None, None, {m[1]: {} for m in msgs}
+        else:
+            view, walked, ends, times, sched, window = _walked_view(buf, at, end, total)
         if times is not None:
             for off, st in ends.items():
                 rx = times.get(off)
@@ -426,7 +510,10 @@ class SockcallAssembler:
                     raise ValueError("sockcall SCHED item with times no kernel gives")
                 c.sched = self._sched.snapshot(c.tid, c.exit_ts_ns, body)
         c.window = window
-        # the walker was not following frames at the call's end: a sync hint may help
-        # (why it stopped is in the probe's counters: desyncs, stream_gaps, walk_aborted)
-        c.kernel_unsynced = not walked or walked[-1][1] < total
+        if whole is not None:
+            c.walked, c.record = msgs, (buf, at, end, total)
+        else:
+            # the walker was not following frames at the call's end: a sync hint may help
+            # (why it stopped is in the probe's counters: desyncs, stream_gaps, walk_aborted)
+            c.kernel_unsynced = not walked or walked[-1][1] < total
         return c

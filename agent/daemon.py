@@ -77,13 +77,14 @@ class Pipeline:
     def __init__(self, out: Path, host_map: HostMap, meta: dict, framework_on: bool = True,
                  netstack_on: bool = False, shard_interval_s: float = SHARD_INTERVAL_S,
                  hosts: tuple[str, ...] = (), warn: Callable[[str], None] | None = None,
-                 sockcall_fmt: str = "prefix", skews: dict | None = None, protocols: dict | None = None):
+                 sockcall_fmt: str = "prefix", skews: dict | None = None, protocols: dict | None = None,
+                 walked: bool = True):
         self.out = Path(out)
         self.host_map = host_map
         self.meta = meta
         self.shard_interval_s = shard_interval_s
         self.warn = warn or (lambda m: say("pslat agent", m))
-        self.decoder = StreamDecoder(on_stream=self._emit_stream, forced=protocols)
+        self.decoder = StreamDecoder(on_stream=self._emit_stream, forced=protocols, walked=walked)
         if protocols:
             self.meta.setdefault("config", {})["protocols"] = {str(k): v for k, v in sorted(protocols.items())}
         self.sockcalls = SockcallAssembler(sockcall_fmt)
@@ -246,6 +247,7 @@ class Pipeline:
                 out[k] = out.get(k, 0) + v
         out.update({f"correlate_{k}": v for k, v in self.correlator.counters.items()})
         out["tx_ends_retransmitted"] = self.correlator.tx_times.retransmitted_ends
+        out["calls_walked_whole"] = self.decoder.calls_walked_whole   # no stream view needed (agent/streams.py)
         out["sync_hints"] = self.decoder.hints
         out["sync_hints_count_only"] = self.decoder.hints_count_only   # unrecognised after a mid-stream hunt
         out["framework_values_rejected"] = self.framework.values_rejected   # routing ids past int32
@@ -606,10 +608,10 @@ def _recorded_protocols(header: dict) -> dict[int, str]:
 
 
 def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
-           live=None, protocols: dict | None = None) -> tuple[Pipeline, float]:
+           live=None, protocols: dict | None = None, walked: bool = True) -> tuple[Pipeline, float]:
     """A recording through the live decoders; returns the pipeline and the seconds it took.
     live: an agent.live.LiveAggregates to feed as the live agent would; protocols: as
-    AgentOptions.protocols (default: the recording's own)."""
+    AgentOptions.protocols (default: the recording's own); walked: as StreamDecoder's."""
     src = ReplaySource(path)   # a bad recording is refused before --out is made
     check_out(out)
     h = src.header
@@ -622,7 +624,7 @@ def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
     pipeline = Pipeline(out, host_map, meta, framework_on="framework" in probes,
                         netstack_on=any(p not in ("sockcalls", "framework", NOTE_PROBE) for p in probes),
                         shard_interval_s=shard_interval_s, sockcall_fmt=h.get("sockcall_format", "prefix"),
-                        protocols=protocols if protocols is not None else _recorded_protocols(h))
+                        protocols=protocols if protocols is not None else _recorded_protocols(h), walked=walked)
     pipeline.live = live
     t0 = time.perf_counter()
     c0 = time.process_time()

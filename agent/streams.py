@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from agent.bounded import CONN_IDLE_NS, CONNS_MAX
-from agent.calls import MASK32, Call, Hunted, Skip
+from agent.calls import MASK32, Call, Hunted, Skip, walked_view
 from agent.endpoints import conn_id_of
 from parsers.registry import parser_class
 from parsers.sniff import OpaqueStream, SniffingParser
@@ -135,7 +135,8 @@ class StreamDecoder:
     every call, so its id is the same."""
 
     def __init__(self, key_sample_max: int = 16, on_sync_hint=None, conns_max: int = CONNS_MAX,
-                 idle_ns: int = CONN_IDLE_NS, on_stream=None, forced: dict[int, str] | None = None):
+                 idle_ns: int = CONN_IDLE_NS, on_stream=None, forced: dict[int, str] | None = None,
+                 walked: bool = True):
         """on_sync_hint(sk, tx, seq, frame_index, framing): the parser knows where a frame
         header of a direction the kernel's walker is not following will be, and in which
         of the walker's framings (live: tell the walker, probes.sockcalls.set_sync_hint;
@@ -145,8 +146,12 @@ class StreamDecoder:
         (probes.sockcalls.set_count_only).
         forced: {port: protocol name}: a connection with either end on the port speaks it. on_stream(conn, end): a connection is
         dropped (end: closed, idle_expired, evicted, reused) or still open at the stop
-        (open_at_stop): what it moved (stream_row)."""
+        (open_at_stop): what it moved (stream_row).
+        walked: a parser that can (take_walked) takes the messages of a call the kernel walked
+        whole without a stream view (False: every call through its stream view, the
+        reference the fast way is tested against)."""
         self.key_sample_max = key_sample_max
+        self.walked = walked
         self.on_sync_hint = on_sync_hint
         self.on_stream = on_stream
         self.conns_max = conns_max
@@ -157,6 +162,7 @@ class StreamDecoder:
         # (netns, sk, local, remote) -> Conn, least recently active first (agent.bounded)
         self.conns: OrderedDict[tuple, Conn] = OrderedDict()
         self.calls = 0
+        self.calls_walked_whole = 0   # of them, taken by the parser as the walker gave them (take_walked)
         self.gap_bytes = 0
         self.overlap_bytes = 0
         self._closed_stats: dict[int, dict[str, int]] = {}
@@ -322,6 +328,22 @@ class StreamDecoder:
         c.start_offset = off
         flow.n_calls += 1
         flow.moved_bytes += c.seq_bytes - c.fin
+        if c.walked is not None:
+            # whole messages as the walker saw them: the parser takes them without a stream
+            # view when it stands at that message boundary (parsers/pslite/walked.py)
+            take = getattr(flow.parser, "take_walked", None) if flow.signature_offset >= 0 and self.walked else None
+            got = take(c.walked, off, c.seq_bytes - c.fin) if take is not None and off == flow.next_offset else None
+            c.walked = None
+            if got is not None:
+                self.calls_walked_whole += 1
+                c.record = None
+                self._keep_call(flow, c)
+                flow.next_offset = off + c.seq_bytes
+                if self._dropped:
+                    return self._take_dropped() + self._messages(conn, flow, got)
+                return self._messages(conn, flow, got)
+            c.view = walked_view(c)
+            c.record = None
         if flow.signature_offset < 0 and c.view and type(c.view[0][1]) is bytes and c.view[0][1]:
             flow.signature = c.view[0][1][:SIGNATURE_BYTES]
             flow.signature_offset = off + c.view[0][0]

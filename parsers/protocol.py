@@ -19,6 +19,11 @@ The stream parser (one direction of one TCP connection):
     p.next_sync()      (stream offset, unit index) where the kernel's walker could
                        start following this direction, or None
     Parser.PROTOCOL    the registered name
+    p.take_walked(messages, offset, n)   optional: the messages of a call of n bytes at
+                       `offset` that the kernel's walker followed from a message's start
+                       to a message's end, from its items (agent/calls.py
+                       whole_messages), the same as feeding the call would give; None
+                       (nothing changed) when it cannot tell them exactly: feed it then
 
 Bytes come in any chunking, with gaps, from the stream's start or from anywhere
 in it (mid_stream: the parser hunts for sync); offsets count from the byte after

@@ -42,6 +42,7 @@ from .message import KEY_TYPES, Kind, MetaInfo, PsMessage, element_bytes, infer_
 from .meta import is_node_identity, node_id_of_identity
 from .rawmeta import PBMETA, RAWMETA, decode_meta, routing_id
 from .resync import ResyncMixin
+from .walked import KEYS_BUFFER_MAX_BYTES, walked_message
 from .states import (_COMMAND, _DATA, _DISCARD, _GAP, _GREETING, _HEADER, _HUNT, _KEYS,
                      _KEYS_SMALL, _META, _OPAQUE, _SKIP)
 from .zmtp import (CLEAR_MECHANISMS, FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_RESERVED,
@@ -51,9 +52,8 @@ _U64_BE = struct.Struct(">Q")
 _KEYS_UNPACK: dict = {}   # n -> unpack_from of n little-endian keys (sampled whole)
 # Commands are small (READY carries a few properties); larger means garbage.
 COMMAND_MAX_BYTES = 65536
-# A keys frame split across chunks is buffered up to this size (512 keys) and sampled
-# once; a larger one is streamed through a KeySampler.
-KEYS_BUFFER_MAX_BYTES = 4096
+# A keys frame split across chunks is buffered up to KEYS_BUFFER_MAX_BYTES (walked.py,
+# which samples as this does) and sampled once; a larger one is streamed through a KeySampler.
 # A data frame claiming more than this while a chain is still tentative is not believed.
 TENTATIVE_FRAME_MAX_BYTES = 1 << 34
 
@@ -243,6 +243,34 @@ class PsliteStreamParser(ResyncMixin):
         if not self.synced or self._state != _HEADER or self._hdr:
             return None
         return self.offset, self._frame_idx
+
+    def take_walked(self, messages: list, offset: int, total: int) -> list[PsMessage] | None:
+        """The messages of a call of `total` bytes at stream `offset` that the kernel's
+        walker followed from a message's start to a message's end (agent/calls.py
+        whole_messages: (start, end, pieces, keys) per message), read without feeding
+        them (walked.py), when this parser is at a message boundary there; the parser
+        then stands after the call as if it had been fed. None, with nothing changed:
+        feed the call instead."""
+        if (self._state != _HEADER or self._tentative or self._hdr or self._frame_idx or self.offset != offset
+                or self.variant is not PBMETA):
+            return None
+        out, fed = [], 0
+        for start, end, pieces, keys in messages:
+            got = walked_message(start, end, pieces, keys, offset, self.sender_node_id, self.meta_max_bytes,
+                                 self.key_sample_max, self._sample_of)
+            if got is None:
+                return None
+            out.append(got[0])
+            fed += got[1]
+        for m in out:
+            end_abs = m.last_byte_offset + 1
+            self._msg_bytes += end_abs - self._acct
+            self._acct = end_abs
+        self._messages += len(out)
+        self._fed += fed
+        self._gaps += total - fed
+        self.offset = offset + total
+        return out
 
     def stats(self) -> ParserStats:
         # while tentative, what the chain consumed is pending: count from the snapshot
