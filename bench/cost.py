@@ -238,7 +238,8 @@ def program_hooks(hooks: list[Hook] | None = None) -> dict[str, list[Hook]]:
             out.setdefault(bpf_name(a.fn), []).append(Hook(a.kind, a.target))
     for point in POINTS["zmq"]:
         out.setdefault(bpf_name(point.entry_fn), []).append(Hook("uprobe", point.symbol))
-        out.setdefault(bpf_name(point.return_fn), []).append(Hook("uretprobe", point.symbol))
+        if point.return_fn is not None:
+            out.setdefault(bpf_name(point.return_fn), []).append(Hook("uretprobe", point.symbol))
     for i, h in enumerate(agent_hooks() if hooks is None else hooks):
         out[bpf_name(f"floor_{i}")] = [h]
     return out

@@ -56,7 +56,9 @@ def agent_hooks(netstack: bool = True, framework: bool = True) -> list[Hook]:
         from probes.framework import POINTS
 
         for point in POINTS["zmq"]:
-            hooks += [Hook("uprobe", point.symbol), Hook("uretprobe", point.symbol)]
+            hooks.append(Hook("uprobe", point.symbol))
+            if point.return_fn is not None:
+                hooks.append(Hook("uretprobe", point.symbol))
     return hooks
 
 

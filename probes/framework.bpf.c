@@ -258,24 +258,9 @@ static __always_inline void make_room(struct fw_slot *s)
     }
 }
 
-static __always_inline int zmq_leave(struct pt_regs *ctx, u8 kind)
+/* Frame n of the slot's message is in: the message so far goes out when it was the last. */
+static __always_inline void zmq_frame_done(struct fw_slot *s, u32 n, u8 kind, u64 now, s64 ret)
 {
-    u64 now = bpf_ktime_get_ns();   /* the return, before our own reads */
-    struct fw_slot *s = leave(kind);
-    if (!s)
-        return 0;
-    s64 ret = (s32)PT_REGS_RC(ctx);
-    if (ret < 0) {
-        count(FW_FAILED);
-        return 0;
-    }
-    if (kind == FW_ZMQ_RECV)
-        make_room(s);
-    u32 n = s->ev.frames;
-    if (n >= FW_MAX_FRAMES)   /* make_room emptied a full slot: not reached */
-        return 0;
-    if (kind == FW_ZMQ_RECV)  /* the frame is in the zmq_msg_t only now */
-        read_frame(s, n, (const u8 *)s->obj, 1);
     if (n == 0) {
         u64 id = bpf_get_current_pid_tgid();
         s->ev.ts_ns = s->call_ts_ns;
@@ -295,25 +280,31 @@ static __always_inline int zmq_leave(struct pt_regs *ctx, u8 kind)
         emit(s);
         s->ev.frames = 0;
     }
-    return 0;
 }
 
-/* int zmq_msg_send(zmq_msg_t *msg, void *socket, int flags)
- * Read at entry: libzmq moves the frame out of msg while sending. Its slot
- * index is made free now (a send that then fails may have cut a piece: rare,
- * and the pieces still join whole). */
+/* int zmq_msg_send(zmq_msg_t *msg, void *socket, int flags), at its entry only: the
+ * frame is read before libzmq moves it out of msg, and the entry's time is the
+ * message's send stage (TxStage.FRAMEWORK_CALL), so a uretprobe's trap (about 2 us
+ * in the job's thread per frame) would add nothing but the return value. Its
+ * "return" times are the entry's, its ret the frame's size. A send that then fails
+ * (EAGAIN on a non-blocking socket, EINTR, ETERM: not ps-lite's blocking van's way)
+ * still has its record, which no wire message matches: counted
+ * framework_unmatched. */
 int zmq_send_entry(struct pt_regs *ctx)
 {
     struct fw_slot *s = enter(ctx, FW_ZMQ_SEND);
     if (!s)
         return 0;
+    s->busy = 0;   /* no return probe will take the slot */
     make_room(s);
     s->call_more = (s->call_arg & 2 /* ZMQ_SNDMORE, public API */) != 0;
-    read_frame(s, s->ev.frames, (const u8 *)s->obj, 0);
+    u32 n = s->ev.frames;
+    if (n >= FW_MAX_FRAMES)   /* make_room emptied a full slot: not reached */
+        return 0;
+    read_frame(s, n, (const u8 *)s->obj, 0);
+    zmq_frame_done(s, n, FW_ZMQ_SEND, s->call_ts_ns, s->ev.sizes[n & (FW_MAX_FRAMES - 1)]);
     return 0;
 }
-
-int zmq_send_return(struct pt_regs *ctx) { return zmq_leave(ctx, FW_ZMQ_SEND); }
 
 /* int zmq_msg_recv(zmq_msg_t *msg, void *socket, int flags): read at return, so a
  * failed non-blocking recv on another socket does not cut the message so far. */
@@ -323,7 +314,25 @@ int zmq_recv_entry(struct pt_regs *ctx)
     return 0;
 }
 
-int zmq_recv_return(struct pt_regs *ctx) { return zmq_leave(ctx, FW_ZMQ_RECV); }
+int zmq_recv_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();   /* the return, before our own reads */
+    struct fw_slot *s = leave(FW_ZMQ_RECV);
+    if (!s)
+        return 0;
+    s64 ret = (s32)PT_REGS_RC(ctx);
+    if (ret < 0) {
+        count(FW_FAILED);
+        return 0;
+    }
+    make_room(s);
+    u32 n = s->ev.frames;
+    if (n >= FW_MAX_FRAMES)   /* make_room emptied a full slot: not reached */
+        return 0;
+    read_frame(s, n, (const u8 *)s->obj, 1);   /* the frame is in the zmq_msg_t only now */
+    zmq_frame_done(s, n, FW_ZMQ_RECV, now, ret);
+    return 0;
+}
 
 /* --- one event per call: zmq_socket, ps::ZMQVan ---------------------------------------- */
 

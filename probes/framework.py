@@ -12,6 +12,8 @@ Uprobes (probes/framework.bpf.c) on
   A message of more than MAX_FRAMES frames, or one whose frames are interleaved
   with another socket's on the same thread, comes in pieces (events with
   "more" set) that user space joins per (thread, socket, direction).
+  zmq_msg_send is probed at its entry only: a send's "return" times are its
+  entry's and its ret the frame's size (framework.bpf.c says why).
 - ps-lite inside libmxnet.so: ps::ZMQVan::SendMsg entry/return and
   ps::ZMQVan::RecvMsg entry/return. One event per message; the ids come from
   the leading fields of ps::Meta (decoded in parsers/pslite/framework.py).
@@ -104,7 +106,7 @@ class AttachPoint:
 # The declaration: which symbols of which library feed which BPF functions.
 POINTS = {
     "zmq": (
-        AttachPoint("zmq_msg_send", "zmq_send_entry", "zmq_send_return"),
+        AttachPoint("zmq_msg_send", "zmq_send_entry", None),   # entry only (framework.bpf.c says why)
         AttachPoint("zmq_msg_recv", "zmq_recv_entry", "zmq_recv_return"),
         AttachPoint("zmq_socket", "zmq_socket_entry", "zmq_socket_return"),
     ),
@@ -220,9 +222,9 @@ class FrameCall:
     tid: int
     sock: int
     ts_ns: int                  # entry of the first call
-    first_ret_ts_ns: int        # return of the first call
-    ret_ts_ns: int              # return of the last call
-    ret: int                    # the last call's return value (ps: message bytes)
+    first_ret_ts_ns: int        # return of the first call (zmq_msg_send: its entry)
+    ret_ts_ns: int              # return of the last call (zmq_msg_send: its entry)
+    ret: int                    # the last call's return value (ps: message bytes; zmq_msg_send: frame bytes)
     more: bool                  # zmq: the message goes on in a later event
     arg: int                    # zmq_socket: socket type; zmq_msg_send: last flags
     sizes: tuple[int, ...]      # zmq: each frame's size
