@@ -17,7 +17,9 @@ not followed (tests/oracles/walker.py is the reference, `WalkedCall.stream_view`
 from __future__ import annotations
 
 import ctypes
+import os
 import enum
+from concurrent.futures import ThreadPoolExecutor
 
 from core.errors import UserError
 from probes.declare import Attach, KernelField, LruMap, Probe, TracepointField
@@ -172,13 +174,21 @@ def install_walker(prog, framings=None) -> None:
     table = prog.bpf[_PROG_ARRAY]
     failed = []
     wanted = None if framings is None else {int(WalkProtocol(f)) for f in framings} | {0}
-    for name, slot in WALKER_PROGRAMS.items():
-        if wanted is not None and slot // 4 not in wanted:   # WK_SLOT(proto, kind) = proto * 4 + kind
-            continue
+    todo = [(name, slot) for name, slot in WALKER_PROGRAMS.items()
+            if wanted is None or slot // 4 in wanted]   # WK_SLOT(proto, kind) = proto * 4 + kind
+
+    def load(name: str):
         try:
-            fn = prog.bpf.load_func(name.encode(), bcc.BPF.TRACEPOINT)
+            return prog.bpf.load_func(name.encode(), bcc.BPF.TRACEPOINT)
         except Exception as e:  # bcc raises Exception with the verifier's verdict
-            failed.append(f"{name}: {e}")
+            return e
+
+    # the verifier's seconds run in the kernel, outside the GIL: one thread per core
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        loaded = list(pool.map(load, [name for name, _ in todo]))
+    for (name, slot), fn in zip(todo, loaded):
+        if isinstance(fn, Exception):
+            failed.append(f"{name}: {fn}")
             continue
         table[ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
     if failed:
