@@ -208,6 +208,10 @@ def effective_rate(history: list, end_ns: int) -> float:
     return total / (end_ns - start)
 
 
+def _time_of(change: list) -> int:
+    return change[0]
+
+
 class ShedUnits:
     """The share shed over time, from a Shedder's history (CLOCK_MONOTONIC ns)."""
 
@@ -215,16 +219,18 @@ class ShedUnits:
         self.history = history
 
     def between(self, t0_ns: int, t1_ns: int) -> tuple[int, int]:
-        """(least, most) units shed at any time in [t0, t1]."""
+        """(least, most) units shed at any time in [t0, t1]. Asked per framework record
+        while shedding: the history (a change per second or so) is searched in place."""
         h = self.history
-        times = [t for t, _ in h]
-        i = max(0, bisect.bisect_right(times, t0_ns) - 1)
-        j = max(i, bisect.bisect_right(times, t1_ns) - 1)
+        i = max(0, bisect.bisect_right(h, t0_ns, key=_time_of) - 1)
+        j = max(i, bisect.bisect_right(h, t1_ns, key=_time_of) - 1)
         units = [SAMPLE_UNITS - round(r * SAMPLE_UNITS) for _, r in h[i:j + 1]]
         return min(units), max(units)
 
 
 SLACK_NS = 100_000_000   # a framework call and its syscalls may straddle a rate change this far apart
+PAIRS_CACHED_MAX = 65_536   # address pairs whose hash is kept (cleared when full)
+_UNKNOWN = object()
 
 
 class FrameworkShedJudge:
@@ -241,6 +247,7 @@ class FrameworkShedJudge:
         self.units = ShedUnits(history)
         self._ip_of_tgid: dict[int, str] = {}
         self._ip_of_node: dict[int, str] = {}
+        self._h16: dict[tuple[str, str], int | None] = {}   # (local, peer) -> pair_hash16 (parses addresses)
         self._rescan_ns = rescan_ns
         self._next_scan = 0
         self._scanned_version = -1
@@ -268,10 +275,16 @@ class FrameworkShedJudge:
             local = self._ip_of_tgid.get(tgid)
             peer = self._ip_of_node.get(peer_node) if peer_node is not None else None
             if local is not None and peer is not None:
-                try:
-                    return pair_hash16(local, peer)
-                except ValueError:   # a hostname, not an address
-                    return None
+                h = self._h16.get((local, peer), _UNKNOWN)
+                if h is _UNKNOWN:
+                    try:
+                        h = pair_hash16(local, peer)
+                    except ValueError:   # a hostname, not an address
+                        h = None
+                    if len(self._h16) >= PAIRS_CACHED_MAX:
+                        self._h16.clear()
+                    self._h16[(local, peer)] = h
+                return h
             if attempt == 0:
                 self._scan(now_ns)
         return None
