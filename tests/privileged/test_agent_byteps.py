@@ -29,6 +29,7 @@ from reports.dissect import dissect
 from workloads.byteps.build import benchmark_path
 from workloads.byteps.runner import BenchmarkArgs, BytepsJob
 from workloads.cluster.cluster import Cluster
+from walked_tables import assert_same_tables, replayed_tables
 
 pytestmark = pytest.mark.privileged
 
@@ -103,7 +104,7 @@ def test_agent_finds_every_byteps_push_and_pull(tmp_path):
     # its lead was one 1 ms hop, lost once in a fresh-clone run
     with Cluster(SERVERS + WORKERS, wire_delay_ms=WIRE_DELAY_MS, wait_s=CLUSTER_WAIT_S,
                  log_dir=tmp_path / "wire") as cluster:
-        args = [*AGENT_ARGS, "--lib", str(_libzmq())]
+        args = [*AGENT_ARGS, "--lib", str(_libzmq()), "--record", str(tmp_path / "agent.rec")]
         for h in cluster.hosts:
             args += ["--netns", h.name]
         with BytepsJob(cluster, tmp_path / "job", SERVERS, WORKERS, ARGS) as job:
@@ -177,6 +178,10 @@ def test_agent_finds_every_byteps_push_and_pull(tmp_path):
         assert q[c].isna().sum() <= LACKING_MAX * len(q) + overwritten, \
             f"{q[c].isna().sum()} of {len(q)} requests without {c} ({overwritten} answers without a driver time)"
     without = int(q[COMPONENTS].isna().any(axis=1).sum())
+    # the run's recording: the same tables with and without the fast way for calls walked whole
+    slow, _ = replayed_tables(tmp_path / "agent.rec", tmp_path / "slow", walked=False)
+    fast, _ = replayed_tables(tmp_path / "agent.rec", tmp_path / "fast", walked=True)
+    assert_same_tables(slow, fast)
     print(f"\nBytePS {SERVERS}x{WORKERS} {ARGS}, {WIRE_DELAY_MS:g} ms wire, traced: agent ready "
           f"{t_agent - t0:.1f} s after the start, job {res.wall_s:.1f} s, test {time.monotonic() - t0:.1f} s "
           f"(checks {time.monotonic() - t_job:.1f} s); found {found} of the van logs' counts; requests paired "

@@ -41,6 +41,7 @@ from agent.rundir import read_run_dir
 from reports.dissect import dissect
 from workloads.cluster.cluster import Cluster
 from workloads.paddle import runner
+from walked_tables import assert_same_tables, replayed_tables
 
 pytestmark = [pytest.mark.privileged, pytest.mark.paddle]
 
@@ -282,7 +283,7 @@ def test_agent_finds_every_paddle_rpc(tmp_path, paddle_venv):  # noqa: F811
     with Cluster(SERVERS + TRAINERS, wire_delay_ms=WIRE_DELAY_MS, wait_s=CLUSTER_WAIT_S,
                  log_dir=tmp_path / "wire") as cluster:
         t_up = time.monotonic()
-        args = list(AGENT_ARGS)
+        args = [*AGENT_ARGS, "--record", str(tmp_path / "agent.rec")]
         for h in cluster.hosts:
             args += ["--netns", h.name]
         with runner.PaddleJob(cluster, tmp_path / "job", SERVERS, TRAINERS, STEPS, python=paddle_venv) as job:
@@ -310,6 +311,10 @@ def test_agent_finds_every_paddle_rpc(tmp_path, paddle_venv):  # noqa: F811
     keys = _check_keys(ends["sides"], res, counts)
     conns = _check_streams(_streams(out), wire, res)
     wire_figures = _check_report(out, wire, res, counts)
+    # the run's recording: the same tables with and without the fast way for calls walked whole
+    slow, _ = replayed_tables(tmp_path / "agent.rec", tmp_path / "slow", walked=False)
+    fast, _ = replayed_tables(tmp_path / "agent.rec", tmp_path / "fast", walked=True)
+    assert_same_tables(slow, fast)
     found = {op: "sent {} / received {} of {}".format(
         *(sum(n for (_, e, o), n in ends["found"].items() if (e, o) == (end, op)) for end in ("req_tx", "req_rx")),
         counts["by_op"][op]) for op in TABLE_OPS}

@@ -7,14 +7,8 @@ without the fast way, every table and counter is the same, and the fast way took
 calls that held whole messages."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-from walked_tables import assert_same_tables, replayed_tables  # noqa: E402
+from walked_tables import assert_same_tables, replayed_tables
 
 pytestmark = pytest.mark.privileged
 

@@ -3,13 +3,11 @@
 table and counter is the same as through the view, and most calls went that way."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from walked_tables import assert_same_tables, replayed_tables  # noqa: E402
+from walked_tables import assert_same_tables, replayed_tables
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "agent"
 
