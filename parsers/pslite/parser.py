@@ -251,12 +251,14 @@ class PsliteStreamParser(ResyncMixin):
         them (walked.py), when this parser is at a message boundary there; the parser
         then stands after the call as if it had been fed. None, with nothing changed:
         feed the call instead."""
-        if (self._state != _HEADER or self._tentative or self._hdr or self._frame_idx or self.offset != offset
-                or self.variant is not PBMETA):
+        variant = self.variant
+        if (self._state != _HEADER or self._tentative or self._hdr or self._frame_idx or self._routed
+                or self.offset != offset or (variant is not PBMETA and variant is not RAWMETA)):
             return None
         out, fed = [], 0
+        raw = variant is RAWMETA
         for start, end, pieces, keys in messages:
-            got = walked_message(start, end, pieces, keys, offset, self.sender_node_id, self.meta_max_bytes,
+            got = walked_message(start, end, pieces, keys, offset, self.sender_node_id, raw, self.meta_max_bytes,
                                  self.key_sample_max, self._sample_of)
             if got is None:
                 return None

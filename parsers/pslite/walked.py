@@ -7,8 +7,8 @@ parser is at a message boundary, these give the same PsMessage the parser would
 build from the call's stream view (tests/unit/test_walked_fast_path.py checks it on
 recorded traffic), at a fraction of the cost: no view, no state machine per piece.
 Anything this does not cover exactly is None, and the call goes through the parser:
-a ZMTP command, a RawMeta or a BytePS sender-id frame, a meta or header that was not
-copied whole.
+a ZMTP command, a meta or header that was not copied whole, a sender id that names no
+node.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import struct
 from parsers.keysample import KeySampler
 
 from .message import KEY_TYPES, Kind, PsMessage, infer_op, ps_message, read_meta
+from .meta import node_id_of_identity
+from .rawmeta import read_raw_meta, routing_id
 from .zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_RESERVED
 
 _U64_BE = struct.Struct(">Q")
@@ -50,15 +52,16 @@ def _keys_sample(keys: list, at: int, size: int, num_keys: int, key_sample_max: 
 
 
 def walked_message(start: int, end: int, pieces: list, keys: list, base: int, sender_node_id: int | None,
-                   meta_max_bytes: int, key_sample_max: int, sample_of) -> tuple[PsMessage, int] | None:
+                   raw: bool, meta_max_bytes: int, key_sample_max: int, sample_of) -> tuple[PsMessage, int] | None:
     """The message in call bytes [start, end) (stream offset of call byte 0: base), and the
-    bytes it had copied; None unless it is a PBMeta message this can read exactly.
+    bytes it had copied; None unless this can read it exactly. raw: the direction speaks
+    BytePS's RawMeta (a server's sender id may come first), else PBMeta.
     pieces: its BYTES items, (call offset, bytes) in call order; keys: its KEYS items,
     (call offset, count, mask, keys bytes); sample_of(buf, pos, n): the parser's sample of
     n keys copied whole (PsliteStreamParser._sample_of)."""
     pos, idx = start, 0
     meta = body = None
-    has_keys = False
+    has_keys = routed = False
     num_keys = value_bytes = fed = 0
     sample: tuple = ()
     complete = True
@@ -86,8 +89,17 @@ def walked_message(start: int, end: int, pieces: list, keys: list, base: int, se
             if size == 0 or size > meta_max_bytes or body_at + size > p_off + len(data):
                 return None
             body = data[body_at - p_off:body_at - p_off + size]
-            meta = read_meta(body)
-            if meta is None or meta.raw or bool(more) != bool(meta.data_types):
+            if raw and more and not routed:
+                ident = routing_id(body)
+                if ident is not None:   # a BytePS server's sender id: the meta is the next frame
+                    sender_node_id = node_id_of_identity(ident)
+                    if sender_node_id is None:
+                        return None   # the parser counts it rejected
+                    routed = True
+                    pos = body_at + size
+                    continue
+            meta = read_raw_meta(body) if raw else read_meta(body)
+            if meta is None or meta.raw != raw or bool(more) != bool(meta.data_types):
                 return None
             dts = meta.data_types
             has_keys = meta.kind is Kind.DATA and not meta.simple_app and bool(dts) and dts[0] in KEY_TYPES

@@ -180,12 +180,15 @@ def test_agent_finds_every_byteps_push_and_pull(tmp_path):
     without = int(q[COMPONENTS].isna().any(axis=1).sum())
     # the run's recording: the same tables with and without the fast way for calls walked whole
     slow, _ = replayed_tables(tmp_path / "agent.rec", tmp_path / "slow", walked=False)
-    fast, _ = replayed_tables(tmp_path / "agent.rec", tmp_path / "fast", walked=True)
+    fast, p_fast = replayed_tables(tmp_path / "agent.rec", tmp_path / "fast", walked=True)
     assert_same_tables(slow, fast)
+    walked = p_fast.decoder.calls_walked_whole
+    assert walked > 0.2 * p_fast.decoder.calls, (walked, p_fast.decoder.calls)   # RawMeta, sender ids too (334 of 977)
     print(f"\nBytePS {SERVERS}x{WORKERS} {ARGS}, {WIRE_DELAY_MS:g} ms wire, traced: agent ready "
           f"{t_agent - t0:.1f} s after the start, job {res.wall_s:.1f} s, test {time.monotonic() - t0:.1f} s "
           f"(checks {time.monotonic() - t_job:.1f} s); found {found} of the van logs' counts; requests paired "
           f"{summary['requests']} of {total}; {LACKING[0]} message ends without a stage "
           f"({OVERFLOWED[0]} more past their socket's ring of ends), {without} requests "
           f"without a component; framework time on {framework:.0%} of the data messages; "
-          f"wire_req p50 {q.wire_req.median() / 1e3:.1f} us, wire_resp p50 {q.wire_resp.median() / 1e3:.1f} us")
+          f"wire_req p50 {q.wire_req.median() / 1e3:.1f} us, wire_resp p50 {q.wire_resp.median() / 1e3:.1f} us; "
+          f"{walked} of {p_fast.decoder.calls} calls read as walked whole")
