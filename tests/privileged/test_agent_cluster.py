@@ -34,6 +34,7 @@ from agent.rundir import read_run_dir
 from parsers.pslite.legacy import ps_ids
 from workloads.cluster.cluster import Cluster
 from workloads.psbench.launch import launch_in_cluster
+from walked_tables import assert_same_tables, replayed_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 300                # another test's cluster may be up (one per machine)
@@ -138,10 +139,11 @@ def _of_hosts(tables: tuple[pd.DataFrame, dict], hosts: list[str]) -> tuple[pd.D
 def traced_jobs(cluster, tmp_path_factory):
     """The every-slice cases, one job after the other, each on a group of its own, under
     one agent started first (one compile, not three): {case: (msgs, metas, truth, log)},
-    the rows and metas of that job's hosts."""
+    the rows and metas of that job's hosts, and "recording": the agent's --record file."""
     tmp = tmp_path_factory.mktemp("traced")
     groups = {case: _Group(cluster, g) for case, g in EVERY_SLICE_GROUP.items()}
-    agent = Agent(tmp / "agent", [n for g in groups.values() for n in g.names], extra=FULL)
+    agent = Agent(tmp / "agent", [n for g in groups.values() for n in g.names],
+                  extra=(*FULL, "--record", str(tmp / "agent.rec")))
     truths = {}
     try:
         for case, workload in EVERY_SLICE.items():
@@ -155,7 +157,9 @@ def traced_jobs(cluster, tmp_path_factory):
     finally:
         agent.kill()
     tables = _tables(tmp / "agent")
-    return {case: (*_of_hosts(tables, groups[case].names), truths[case], log) for case in EVERY_SLICE}
+    out = {case: (*_of_hosts(tables, groups[case].names), truths[case], log) for case in EVERY_SLICE}
+    out["recording"] = tmp / "agent.rec"
+    return out
 
 
 def _joined(cluster, tmp: Path, case: str):
@@ -253,6 +257,22 @@ def test_every_slice_on_both_hosts_with_ids_stages_and_framework_times(traced_jo
             assert (outside <= FRAMEWORK_TOLERANCE_NS).all(), \
                 f"{role} {direction} on {host}: framework time outside psbench's bracket by up to {outside.max()} ns"
     _check_stages(msgs, metas)
+
+
+def test_the_recording_gives_the_same_tables_with_and_without_the_walked_calls_way(traced_jobs, tmp_path):
+    """The stream decoder's fast way for calls the kernel walked whole (agent/calls.py
+    whole_messages, parsers/pslite/walked.py) against the stream view, on the three jobs'
+    live traffic: 1024 keys per request in the large case (slices of ~512 keys, which the
+    walker samples by hash: the parser samples what it kept) and ~78 KB messages over many
+    calls, with reconnects (directions joined anew). Every table and counter the same."""
+    rec = traced_jobs["recording"]
+    slow, _ = replayed_tables(rec, tmp_path / "slow", walked=False)
+    fast, p_fast = replayed_tables(rec, tmp_path / "fast", walked=True)
+    assert_same_tables(slow, fast)
+    msgs = pd.concat([df for (_host, table), df in slow.items() if table == "messages"])
+    sampled = (msgs.key_sample_complete == "False") & (msgs.num_keys.astype(int) > 16)
+    assert sampled.sum() > 200 and (msgs.msg_bytes.astype(int) > 16384).sum() > 200
+    assert p_fast.decoder.calls_walked_whole > 0.3 * p_fast.decoder.calls
 
 
 def _check_stages(msgs, metas):
