@@ -11,14 +11,15 @@ ends, and the report's chain wants the client's view: a request is the client's 
 row and a response its `rx` row (control messages: a `tx` row of their sender), so
 the tap stands where the client's NIC would be.
 
-Stages. AF_PACKET (tcpdump) takes a send at the driver handoff
-(dev_queue_xmit_nit, just before the net_dev_start_xmit tracepoint: TxStage.XMIT_LAST)
-and stamps a receive when the kernel takes it from the driver (netif_rx on veth and
-loopback, netif_receive on a NAPI NIC: RxStage.NETIF_RX_LAST here; docs/capture.md
-says what that is on each device). A message's stage time is the capture time of
-the segment carrying its last byte. Every other stage needs syscalls or uprobes: null,
-with the reason in null_reasons. Times are the capture's CLOCK_REALTIME; the report
-aligns a capture point with the other hosts from the traffic, as it does agents.
+Stages. AF_PACKET (tcpdump) sees a send at the driver handoff (dev_queue_xmit_nit,
+just before the net_dev_start_xmit tracepoint: TxStage.XMIT_LAST) and a receive when
+it is delivered to the packet taps in __netif_receive_skb (RxStage.NETIF_RX_LAST):
+measured on veth, a capture's network time is the agent's wire + nic_rx within a
+microsecond (tests/privileged/test_capture_agent.py, docs/capture.md). A message's
+stage time is the capture time of the segment carrying its last byte. Every other
+stage needs syscalls or uprobes: null, with the reason in null_reasons. Times are the
+capture's CLOCK_REALTIME; the report aligns a capture point with the other hosts from
+the traffic, as it does agents.
 
 Node ids (ps-lite's sender and recver) come from the traffic only, as the agent
 learns them (agent.correlate.Identities): a connection's READY identity, the
@@ -48,7 +49,7 @@ RX_SEEN = RX_STAGE_COLUMNS[RxStage.NETIF_RX_LAST]
 R_NO_SYSCALLS = "a packet capture sees no syscalls"
 R_NO_FRAMEWORK = "a packet capture sees no framework calls"
 R_NO_TXDONE = "a packet capture sees the driver handoff, not the TX completion"
-R_NO_NIC_RX = "a packet capture stamps a receive when the kernel takes it from the driver, not at the NIC"
+R_NO_NIC_RX = "a packet capture sees a receive at netif_receive, not at the NIC"
 R_NO_SCHED = "a packet capture sees no scheduler"
 R_NO_TIME = "the segment carrying the last byte was not captured (a hole in the capture)"
 TX_REASONS = {"ts_framework_ns": R_NO_FRAMEWORK, "ts_send_first_enter_ns": R_NO_SYSCALLS,
