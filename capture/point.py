@@ -176,7 +176,9 @@ class CapturePoint:
     """Segments in (in capture order), rows out through emit(table, row)."""
 
     def __init__(self, host_id: str, emit, local_ips: set[str], forced: dict[int, str] | None = None,
-                 key_sample_max: int = 16, conns_max: int = CONNS_MAX):
+                 key_sample_max: int = 16, conns_max: int = CONNS_MAX, make_parser=None):
+        """make_parser(src, dst, mid_stream=, start_offset=): a direction's stream parser
+        (default: the protocol forced for a port, else the sniffer, parsers/sniff.py)."""
         self.host_id = host_id
         self.emit = emit
         self.local = set(local_ips)
@@ -187,6 +189,7 @@ class CapturePoint:
         self.ids = Identities()
         self.stats = PointStats()
         self.protocols: Counter = Counter()
+        self.make_parser = make_parser or self._parser
 
     # -- segments -------------------------------------------------------------
     def segment(self, s: Segment) -> None:
@@ -243,10 +246,12 @@ class CapturePoint:
         # from the start: offset 0 (a first segment later than that is out of order)
         start = 0 if d.isn is not None else off
         d.mid_stream = d.isn is None
-        forced = self.forced.get(d.src[1]) or self.forced.get(d.dst[1]) if self.forced else None
+        d.asm = Reassembly(self.make_parser(d.src, d.dst, mid_stream=d.mid_stream, start_offset=start), start)
+
+    def _parser(self, src, dst, mid_stream: bool, start_offset: int):
+        forced = self.forced.get(src[1]) or self.forced.get(dst[1]) if self.forced else None
         make = parser_class(forced) if forced else SniffingParser
-        d.asm = Reassembly(make(mid_stream=d.mid_stream, start_offset=start, key_sample_max=self.key_sample_max),
-                           start)
+        return make(mid_stream=mid_stream, start_offset=start_offset, key_sample_max=self.key_sample_max)
 
     def _clock_sample(self, s: Segment) -> None:
         for direction, here in (("tx", s.src), ("rx", s.dst)):
@@ -332,7 +337,7 @@ class CapturePoint:
         for d in conn.dirs.values():
             if d.asm is not None:
                 a, p = d.asm.stats, d.asm.parser.stats()
-                for k in ("segments", "bytes", "retransmitted_bytes", "out_of_order_segments", "lost_bytes",
+                for k in ("segments", "bytes", "retransmitted_bytes", "ahead_segments", "lost_bytes",
                           "truncated_bytes", "ooo_dropped_segments"):
                     setattr(st.directions, k, getattr(st.directions, k) + getattr(a, k))
                 st.unparsed_bytes += p.unparsed_bytes

@@ -46,7 +46,7 @@ class DirectionStats:
     segments: int = 0            # segments with payload
     bytes: int = 0               # stream bytes delivered to the parser, fed or gap
     retransmitted_bytes: int = 0  # bytes seen again (their first copy was used)
-    out_of_order_segments: int = 0
+    ahead_segments: int = 0      # arrived ahead of the next expected byte (reordered, or after a loss)
     lost_bytes: int = 0          # holes no segment filled (the capture missed them)
     truncated_bytes: int = 0     # cut off by the snap length
     ooo_dropped_segments: int = 0  # beyond OOO_MAX_SEGMENTS at once: counted as lost
@@ -74,7 +74,7 @@ class Reassembly:
             st.retransmitted_bytes += length
             return []
         if off > self.next:
-            st.out_of_order_segments += 1
+            st.ahead_segments += 1
             old = self._ooo.get(off)
             if old is not None:
                 if len(old[0]) + old[1] >= length:

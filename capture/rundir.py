@@ -112,7 +112,7 @@ def write_run_dir(name: str, path: Path, out: Path, forced: dict[int, str] | Non
               "records_without_time": st.records_without_time,
               "records_unknown_interface": st.records_unknown_interface,
               **{f"packets_{k}": v for k, v in counts.items()},
-              **{f"stream_{k}": getattr(rs, k) for k in ("bytes", "retransmitted_bytes", "out_of_order_segments",
+              **{f"stream_{k}": getattr(rs, k) for k in ("bytes", "retransmitted_bytes", "ahead_segments",
                                                          "lost_bytes", "truncated_bytes")}})
     w.meta["capture"].update({
         "link_types": sorted(st.link_types), "interfaces": len(st.interfaces),
