@@ -38,7 +38,7 @@ from agent.endpoints import conn_id_of
 from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage
 from agent.streams import SIGNATURE_BYTES, Conn, Flow, stream_row
 from capture.decode import ACK, RST, SYN, Segment
-from capture.reassembly import MASK32, DirectionStats, Reassembly, unwrap
+from capture.reassembly import MASK32, DirectionStats, HeldBytes, Reassembly, unwrap
 from parsers.protocol import PAIR_NODES
 from parsers.registry import parser_class
 from parsers.sniff import SniffingParser
@@ -114,23 +114,29 @@ class PointStats:
     unparsed_bytes: int = 0
     lost_bytes: int = 0
     unrecognised_connections: int = 0
-    unrecognised_bytes: int = 0
+    unrecognised_bytes: int = 0   # payload captured on them
 
 
 class LocalVotes:
     """What tells a host's own addresses in its capture: they are an end of every connection,
     and the host answers at once. A handshake seen at the client's host has its SYN-ACK a
     round trip after the SYN and the ACK right after the SYN-ACK; at the server's host the
-    SYN-ACK follows the SYN at once. So each handshake votes for the end that answered
-    first. (At a tap the two delays are halves of the round trip: no clear vote.)"""
+    SYN-ACK follows the SYN at once: each handshake votes for the end that answered first.
+    A capture without handshakes (started mid-connection) is told by acknowledgements: the
+    end whose quickest ACK of the other's data came ACK_CLEAR times sooner (the local
+    kernel's ACK is seen microseconds after the data, the remote's a round trip later).
+    At a tap the delays are parts of the round trip either way: no clear vote."""
 
-    PAIRS_MAX = 1 << 20   # address pairs and open handshakes kept
+    PAIRS_MAX = 1 << 20   # address pairs, open handshakes and connections kept
+    ACK_CLEAR = 4         # one end's quickest ACK this many times sooner than the other's: a vote
 
     def __init__(self):
         self.pairs: set[tuple[str, str]] = set()
         self.votes: Counter = Counter()
         self._syn: dict[tuple, int] = {}      # (client, server) endpoints -> SYN time
         self._synack: dict[tuple, tuple[int, int]] = {}   # -> (SYN-ACK time, its delay after the SYN)
+        self._unacked: dict[tuple, tuple[int, int]] = {}  # (src, dst) endpoints -> (seq end, time) of its last data
+        self._ack_min: dict[tuple, int] = {}  # (acking, acked) endpoints -> quickest ACK seen, ns
 
     def segment(self, s: Segment) -> None:
         pair = (s.src, s.dst) if s.src <= s.dst else (s.dst, s.src)
@@ -151,11 +157,21 @@ class LocalVotes:
                 d2 = s.ts_ns - t1
                 if d1 != d2:
                     self.votes[s.dst if d1 < d2 else s.src] += 1
+            sent = self._unacked.get((b, a))
+            if sent is not None and (s.ack - sent[0]) & MASK32 < 1 << 31:   # acks that data
+                del self._unacked[(b, a)]
+                delay = s.ts_ns - sent[1]
+                if delay < self._ack_min.get((a, b), 1 << 62) and (len(self._ack_min) < self.PAIRS_MAX
+                                                                   or (a, b) in self._ack_min):
+                    self._ack_min[(a, b)] = delay
+        n = len(s.payload) + s.missing
+        if n and (len(self._unacked) < self.PAIRS_MAX or (a, b) in self._unacked):
+            self._unacked[(a, b)] = ((s.seq + n) & MASK32, s.ts_ns)
 
     def local(self) -> set[str]:
         """The capture point's own addresses; empty when it looks like a tap (or a host with
-        several addresses): no address is an end of every connection, or two are and the
-        handshakes do not say which one answered at once."""
+        several addresses): no address is an end of every connection, or two are and neither
+        the handshakes nor the acknowledgements say which one answered at once."""
         common: set[str] | None = None
         for x, y in self.pairs:
             common = {x, y} if common is None else common & {x, y}
@@ -166,9 +182,15 @@ class LocalVotes:
         if len(common) == 1 or all(a.startswith("127.") or a == "::1" for a in common):
             return common
         total = sum(self.votes[a] for a in common)
-        best = max(sorted(common), key=lambda a: self.votes[a])
-        if total and self.votes[best] * 3 >= total * 2:   # two thirds of the handshakes agree
-            return {best}
+        if total:
+            best = max(sorted(common), key=lambda a: self.votes[a])
+            return {best} if self.votes[best] * 3 >= total * 2 else set()   # two thirds of the handshakes
+        quickest = {a: min((d for (acker, _), d in self._ack_min.items() if acker[0] == a), default=None)
+                    for a in common}
+        if len(common) == 2 and None not in quickest.values():
+            x, y = sorted(common, key=quickest.get)
+            if quickest[x] * self.ACK_CLEAR <= quickest[y]:
+                return {x}
         return set()
 
 
@@ -190,6 +212,7 @@ class CapturePoint:
         self.stats = PointStats()
         self.protocols: Counter = Counter()
         self.make_parser = make_parser or self._parser
+        self.held = HeldBytes()   # what all directions hold out of order, bounded together
 
     # -- segments -------------------------------------------------------------
     def segment(self, s: Segment) -> None:
@@ -246,7 +269,8 @@ class CapturePoint:
         # from the start: offset 0 (a first segment later than that is out of order)
         start = 0 if d.isn is not None else off
         d.mid_stream = d.isn is None
-        d.asm = Reassembly(self.make_parser(d.src, d.dst, mid_stream=d.mid_stream, start_offset=start), start)
+        d.asm = Reassembly(self.make_parser(d.src, d.dst, mid_stream=d.mid_stream, start_offset=start), start,
+                           self.held)
 
     def _parser(self, src, dst, mid_stream: bool, start_offset: int):
         forced = self.forced.get(src[1]) or self.forced.get(dst[1]) if self.forced else None
@@ -337,12 +361,12 @@ class CapturePoint:
         for d in conn.dirs.values():
             if d.asm is not None:
                 a, p = d.asm.stats, d.asm.parser.stats()
-                for k in ("segments", "bytes", "retransmitted_bytes", "ahead_segments", "lost_bytes",
-                          "truncated_bytes", "ooo_dropped_segments"):
+                for k in ("segments", "captured_bytes", "bytes", "retransmitted_bytes", "ahead_segments", "lost_bytes",
+                          "truncated_bytes", "out_of_window_segments"):
                     setattr(st.directions, k, getattr(st.directions, k) + getattr(a, k))
                 st.unparsed_bytes += p.unparsed_bytes
                 st.lost_bytes += p.lost_bytes
-                moved += a.bytes
+                moved += a.captured_bytes
         ends = [e for e in (conn.a, conn.b) if e[0] in self.local] or [_opener(conn)]
         for local in ends:
             remote = conn.b if local == conn.a else conn.a

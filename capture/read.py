@@ -7,7 +7,8 @@ and pcapng (sections, several interfaces, each with its link type and time resol
 
 Times are what the capturing host wrote: CLOCK_REALTIME ns (tcpdump's). The file is
 mapped, not read into memory (a 1 GB capture costs page cache, not heap), and only a
-regular file is opened. Everything in it is outside data: a record's length is checked
+regular file is opened; the pages already read are released as it goes, so
+reading a capture of any size holds tens of MB. Everything in it is outside data: a record's length is checked
 against the file and a bound before it is used; a record cut off by the end of the file
 (tcpdump killed mid-write) ends the reading and is counted; a file that is neither
 format raises CaptureError, which says so.
@@ -31,6 +32,8 @@ MAX_RECORD_BYTES = 1 << 18
 MAX_BLOCK_BYTES = 16 << 20
 MAX_INTERFACES = 4096          # per pcapng section
 MAX_CAPTURE_BYTES = 1 << 40    # a larger "capture" is not one (mmap of a device-sized file)
+# pages read are dropped from the mapping this often: the page cache keeps them, our RSS does not
+RELEASE_EVERY_BYTES = 64 << 20
 
 PCAP_MAGIC = {  # first four bytes -> (byte order, ns per tick)
     b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),
@@ -100,6 +103,16 @@ class CaptureReader:
     def __iter__(self):
         return self._pcap() if self.stats.format == "pcap" else self._pcapng()
 
+    def _release(self, pos: int) -> int:
+        """Drops the mapping's pages before `pos` (whole pages) from this process; returns where
+        to do it next."""
+        upto = pos - pos % mmap.PAGESIZE
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, 0, upto)
+        except (OSError, ValueError):
+            pass   # not on this platform: the kernel reclaims clean file pages anyway
+        return pos + RELEASE_EVERY_BYTES
+
     def _pcap(self):
         m, st = self._map, self.stats
         end = len(m)
@@ -112,6 +125,7 @@ class CaptureReader:
         rec = struct.Struct(order + "IIII").unpack_from
         frac_max = 1_000_000_000 // tick_ns
         pos = 24
+        release_at = RELEASE_EVERY_BYTES
         n = 0
         try:
             while pos + 16 <= end:
@@ -127,6 +141,8 @@ class CaptureReader:
                 n += 1
                 yield sec * 1_000_000_000 + frac * tick_ns, link_type, m[pos + 16:data_end], max(wire_len, caplen)
                 pos = data_end
+                if pos >= release_at:
+                    release_at = self._release(pos)
             else:
                 st.truncated_tail = pos != end
         finally:
@@ -139,6 +155,7 @@ class CaptureReader:
         order = "<"
         ifaces: list[tuple[int, int, int]] = []   # (link type, ticks per second, snaplen)
         n = 0
+        release_at = RELEASE_EVERY_BYTES
         try:
             while pos + 12 <= end:
                 if bytes(m[pos:pos + 4]) == PCAPNG_SHB:
@@ -186,6 +203,8 @@ class CaptureReader:
                 elif btype == NG_SPB:
                     st.records_without_time += 1
                 pos += blen
+                if pos >= release_at:
+                    release_at = self._release(pos)
             else:
                 st.truncated_tail = pos != end
         finally:

@@ -10,10 +10,13 @@ Offsets count from the byte after the SYN (from seq 1 when the SYN was not captu
 as agent/streams.py's do; the caller unwraps sequence numbers into them
 (`unwrap`). A segment ahead of the next expected byte waits (out of order); one
 behind it is a retransmission, and only its bytes not yet seen are new. A hole that
-stays open while more than OOO_MAX_BYTES or OOO_MAX_SEGMENTS wait beyond it, or to the
-end of the capture, is lost (the capture dropped the packet): the parser is told of a
-gap of that size and resynchronises if it hid a header. Bytes that the snap length
-cut off a captured segment (`missing`) are a gap too, counted apart.
+stays open while more than OOO_MAX_BYTES or OOO_MAX_SEGMENTS wait beyond it (or the
+capture point's directions hold more than HELD_MAX_BYTES together), or to the end of
+the capture, is lost (the capture dropped the packet): the parser is told of a gap of
+that size and resynchronises if it hid a header. Bytes that the snap length cut off a
+captured segment (`missing`) are a gap too, counted apart. A segment beyond WINDOW_MAX
+either way belongs to no stream here (garbage, a forged sequence number) and is
+dropped, counted.
 
 A byte's time is the capture time of the first segment seen carrying it (a
 retransmission does not move it): at a sender's capture point that is when the
@@ -28,7 +31,13 @@ from dataclasses import dataclass
 MASK32 = 0xFFFFFFFF
 OOO_MAX_BYTES = 8 << 20      # held out of order per direction before the hole is declared lost
 OOO_MAX_SEGMENTS = 8192
+HELD_MAX_BYTES = 256 << 20   # held out of order by all directions of a capture point together
 MARKS_MAX = 65536            # segment times kept per direction for messages still in progress
+# A segment this far from the next expected byte is no part of the stream (a receiver grants
+# far less window: Linux's tcp_rmem max is 6 MiB, 32 MiB on tuned hosts): counted, dropped,
+# unless RESYNC_SEGMENTS of them in a row continue one another (the capture lost that much).
+WINDOW_MAX = 64 << 20
+RESYNC_SEGMENTS = 4
 
 
 def unwrap(seq: int, base: int, near: int) -> int:
@@ -44,19 +53,29 @@ def unwrap(seq: int, base: int, near: int) -> int:
 @dataclass(slots=True)
 class DirectionStats:
     segments: int = 0            # segments with payload
-    bytes: int = 0               # stream bytes delivered to the parser, fed or gap
+    captured_bytes: int = 0      # their payload as captured (retransmitted and dropped ones too)
+    bytes: int = 0               # payload bytes the segments carried into the stream (captured or cut off)
     retransmitted_bytes: int = 0  # bytes seen again (their first copy was used)
     ahead_segments: int = 0      # arrived ahead of the next expected byte (reordered, or after a loss)
     lost_bytes: int = 0          # holes no segment filled (the capture missed them)
     truncated_bytes: int = 0     # cut off by the snap length
-    ooo_dropped_segments: int = 0  # beyond OOO_MAX_SEGMENTS at once: counted as lost
+    out_of_window_segments: int = 0   # beyond WINDOW_MAX from the stream: dropped
+
+
+@dataclass(slots=True)
+class HeldBytes:
+    """What every direction of a capture point holds out of order, against HELD_MAX_BYTES."""
+    held: int = 0
+    limit: int = HELD_MAX_BYTES
 
 
 class Reassembly:
-    def __init__(self, parser, start_offset: int):
+    def __init__(self, parser, start_offset: int, held: HeldBytes | None = None):
         self.parser = parser
         self.next = start_offset          # the next byte the parser expects
         self.stats = DirectionStats()
+        self.held = held if held is not None else HeldBytes()
+        self._far = (-1, 0)               # (end offset, count) of the latest out-of-window run
         self._ooo: dict[int, tuple[bytes, int, int]] = {}   # offset -> (captured, missing, ts_ns)
         self._ooo_heap: list[int] = []
         self._ooo_bytes = 0
@@ -68,8 +87,22 @@ class Reassembly:
         """A segment with payload at stream offset `off`; returns what the parser completed."""
         st = self.stats
         st.segments += 1
+        st.captured_bytes += len(payload)
         length = len(payload) + missing
         end = off + length
+        if off - self.next > WINDOW_MAX or self.next - end > WINDOW_MAX:
+            st.out_of_window_segments += 1
+            run = self._far[1] + 1 if off == self._far[0] else 1
+            self._far = (end, run)
+            if run < RESYNC_SEGMENTS or off < self.next:
+                return []
+            # the stream went on that far: what lay between is lost
+            out = self.finish_holes()
+            hole = off - self.next
+            st.lost_bytes += hole
+            self.next = off
+            self._mark(off, None)
+            return out + self.parser.gap(hole) + self._deliver(off, payload, missing, ts_ns)
         if end <= self.next:
             st.retransmitted_bytes += length
             return []
@@ -80,13 +113,14 @@ class Reassembly:
                 if len(old[0]) + old[1] >= length:
                     st.retransmitted_bytes += length
                     return []
-                self._ooo_bytes -= len(old[0])
+                self._hold(-len(old[0]))
             else:
                 heapq.heappush(self._ooo_heap, off)
             self._ooo[off] = (bytes(payload), missing, ts_ns)
-            self._ooo_bytes += len(payload)
+            self._hold(len(payload))
             out: list = []
-            while self._ooo and (self._ooo_bytes > OOO_MAX_BYTES or len(self._ooo) > OOO_MAX_SEGMENTS):
+            while self._ooo and (self._ooo_bytes > OOO_MAX_BYTES or len(self._ooo) > OOO_MAX_SEGMENTS
+                                 or self.held.held > self.held.limit):
                 out += self._skip_hole()
             return out
         out = self._deliver(off, payload, missing, ts_ns)
@@ -126,6 +160,10 @@ class Reassembly:
             self._marks_dropped_to = self._mark_ends[drop - 1]
             del self._mark_ends[:drop], self._mark_ts[:drop]
 
+    def _hold(self, n: int) -> None:
+        self._ooo_bytes += n
+        self.held.held += n
+
     def _drain(self) -> list:
         """Delivers the waiting segments that the next expected byte has reached."""
         out: list = []
@@ -133,7 +171,7 @@ class Reassembly:
         while heap and heap[0] <= self.next:
             off = heapq.heappop(heap)
             data, missing, ts = ooo.pop(off)
-            self._ooo_bytes -= len(data)
+            self._hold(-len(data))
             if off + len(data) + missing > self.next:
                 out += self._deliver(off, data, missing, ts)
             else:
@@ -144,18 +182,21 @@ class Reassembly:
         """The hole before the first waiting segment is lost: a gap, then what follows it."""
         hole = self._ooo_heap[0] - self.next
         self.stats.lost_bytes += hole
-        self.stats.bytes += hole
         self.next += hole
         self._mark(self.next, None)   # bytes of a hole have no time
         out = self.parser.gap(hole)
         return out + self._drain()
 
-    def finish(self) -> list:
-        """The capture ended: every hole still open is lost; the parser is closed."""
+    def finish_holes(self) -> list:
+        """Every hole still open is lost: what waits beyond them goes to the parser."""
         out: list = []
         while self._ooo:
             out += self._skip_hole()
-        return out + self.parser.close()
+        return out
+
+    def finish(self) -> list:
+        """The capture ended: every hole still open is lost; the parser is closed."""
+        return self.finish_holes() + self.parser.close()
 
     def time_of(self, offset: int) -> int | None:
         """Capture time of the segment that carried the byte at `offset` (None: not kept, or

@@ -112,8 +112,8 @@ def write_run_dir(name: str, path: Path, out: Path, forced: dict[int, str] | Non
               "records_without_time": st.records_without_time,
               "records_unknown_interface": st.records_unknown_interface,
               **{f"packets_{k}": v for k, v in counts.items()},
-              **{f"stream_{k}": getattr(rs, k) for k in ("bytes", "retransmitted_bytes", "ahead_segments",
-                                                         "lost_bytes", "truncated_bytes")}})
+              **{f"stream_{k}": getattr(rs, k) for k in ("captured_bytes", "bytes", "retransmitted_bytes", "ahead_segments",
+                                                         "lost_bytes", "truncated_bytes", "out_of_window_segments")}})
     w.meta["capture"].update({
         "link_types": sorted(st.link_types), "interfaces": len(st.interfaces),
         "truncated_tail": st.truncated_tail, "corrupt": st.corrupt, "protocols": dict(point.protocols),
@@ -142,6 +142,9 @@ def _problems(name: str, path: Path, meta: dict) -> list[str]:
     if c["stream_lost_bytes"]:
         out.append(f"{where}: {c['stream_lost_bytes']:,} TCP payload bytes not in the capture (dropped by "
                    "the capture or before it): the parsers resynchronised after each hole")
+    if c["stream_out_of_window_segments"]:
+        out.append(f"{where}: {c['stream_out_of_window_segments']:,} TCP segments far outside their stream "
+                   "(more than any receive window away: garbage or forged sequence numbers): dropped")
     if c["unrecognised_connections"]:
         out.append(f"{where}: {c['unrecognised_connections']:,} connections ({c['unrecognised_bytes']:,} bytes) "
                    "in no protocol pslat parses: counted as unrecognised")
