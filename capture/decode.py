@@ -28,6 +28,9 @@ COUNTERS = ("not_ip", "not_tcp", "ip_fragments", "ipv6_extension_headers", "unkn
 
 _u16 = struct.Struct("!H").unpack_from
 _tcp = struct.Struct("!HHIIBB").unpack_from    # ports, seq, ack, data offset, flags
+# the common case in one read: Ethernet's type, a 20-byte IPv4 header, TCP's first 14 bytes
+_ETH_IPV4_TCP = struct.Struct("!12xHBxHxxHxB2x4s4sHHIIBB")
+_ETH_IPV4_TCP_LEN = _ETH_IPV4_TCP.size
 _ip_text_cache: dict[bytes, str] = {}
 
 
@@ -90,6 +93,20 @@ def _network_offset(link_type: int, data) -> tuple[int, int] | None:
 
 
 def decode(link_type: int, data, wire_len: int, ts_ns: int, counts: dict) -> Segment | None:
+    if link_type == LINK_ETHERNET and len(data) >= _ETH_IPV4_TCP_LEN:
+        etype, vihl, total, frag, proto, src, dst, sport, dport, seq, ack, doff, flags = \
+            _ETH_IPV4_TCP.unpack_from(data)
+        if etype == ETH_IPV4 and vihl == 0x45 and proto == PROTO_TCP and not frag & 0x3FFF:
+            # what the general path below checks, for this shape
+            pay_at, ip_end, n = 34 + (doff >> 4) * 4, 14 + total, len(data)
+            if 54 <= pay_at <= ip_end and n >= pay_at and ip_end <= wire_len:
+                have_end = ip_end if ip_end < n else n
+                return Segment(ts_ns, _ip_text(src), sport, _ip_text(dst), dport, seq, ack, flags,
+                               memoryview(data)[pay_at:have_end], ip_end - have_end)
+    return _decode(link_type, data, wire_len, ts_ns, counts)
+
+
+def _decode(link_type: int, data, wire_len: int, ts_ns: int, counts: dict) -> Segment | None:
     got = _network_offset(link_type, data)
     if got is None:
         counts["truncated_headers"] += 1

@@ -37,7 +37,7 @@ from agent.correlate import Identities
 from agent.endpoints import conn_id_of
 from agent.records import RX_STAGE_COLUMNS, TX_STAGE_COLUMNS, RxStage, TxStage
 from agent.streams import SIGNATURE_BYTES, Conn, Flow, stream_row
-from capture.decode import ACK, RST, SYN, Segment
+from capture.decode import ACK, FIN, RST, SYN, Segment
 from capture.reassembly import MASK32, DirectionStats, HeldBytes, Reassembly, unwrap
 from parsers.protocol import PAIR_NODES
 from parsers.registry import parser_class
@@ -59,6 +59,16 @@ RX_REASONS = {RX_STAGE_COLUMNS[RxStage.NIC_RX_LAST]: R_NO_NIC_RX, "ts_data_ready
               "ts_recv_last_exit_ns": R_NO_SYSCALLS, "ts_framework_ns": R_NO_FRAMEWORK,
               "runq_wait_ns": R_NO_SCHED, "busy_wait_ns": R_NO_SCHED}
 
+
+def _reasons_text(reasons: dict) -> str:
+    return ";".join(f"{k}={v}" for k, v in reasons.items())
+
+
+# null_reasons of a row: {(tx, its one stage timed)}: the same few texts on every row
+NULL_REASONS = {(tx, timed): _reasons_text({**(TX_REASONS if tx else RX_REASONS),
+                                            **({} if timed else {TX_SEEN if tx else RX_SEEN: R_NO_TIME})})
+                for tx in (True, False) for timed in (True, False)}
+
 # agent/records.py CLOCK_SAMPLES_SCHEMA: as the netstack probe's defaults (probes/netstack.py)
 CLOCK_GAP_NS = 100_000
 CLOCK_MIN_BYTES = 1024
@@ -76,6 +86,7 @@ class _Direction:
     last_ts_ns: int = -(1 << 62)
     signature: bytes = b""
     signature_offset: int = -1
+    fin: bool = False
 
 
 @dataclass(eq=False)
@@ -85,6 +96,7 @@ class _Connection:
     dirs: dict = field(default_factory=dict)   # src endpoint -> _Direction
     first_ns: int = 0
     last_ns: int = 0
+    ids: dict = field(default_factory=dict)    # (local endpoint, ISNs) -> (conn_id, pair key), as computed
 
 
 @dataclass
@@ -197,13 +209,17 @@ class LocalVotes:
 class CapturePoint:
     """Segments in (in capture order), rows out through emit(table, row)."""
 
-    def __init__(self, host_id: str, emit, local_ips: set[str], forced: dict[int, str] | None = None,
+    def __init__(self, host_id: str, emit, local_ips: set[str] | None, forced: dict[int, str] | None = None,
                  key_sample_max: int = 16, conns_max: int = CONNS_MAX, make_parser=None):
-        """make_parser(src, dst, mid_stream=, start_offset=): a direction's stream parser
-        (default: the protocol forced for a port, else the sniffer, parsers/sniff.py)."""
+        """local_ips None: not known yet; rows are held until decide() says (a capture point
+        is read once: its local addresses are judged from its first packets, and checked at
+        the end, capture/rundir.py). make_parser(src, dst, mid_stream=, start_offset=): a
+        direction's stream parser (default: the protocol forced for a port, else the
+        sniffer, parsers/sniff.py)."""
         self.host_id = host_id
         self.emit = emit
-        self.local = set(local_ips)
+        self.local = None if local_ips is None else set(local_ips)
+        self._held: list = []   # what waits for the local addresses: message events, rows
         self.forced = dict(forced or {})
         self.key_sample_max = key_sample_max
         self.conns_max = conns_max
@@ -213,6 +229,13 @@ class CapturePoint:
         self.protocols: Counter = Counter()
         self.make_parser = make_parser or self._parser
         self.held = HeldBytes()   # what all directions hold out of order, bounded together
+
+    def decide(self, local_ips: set[str]) -> None:
+        """The local addresses are known: what waited for them goes out."""
+        self.local = set(local_ips)
+        held, self._held = self._held, []
+        for what, args in held:
+            {"message": self._message_rows, "clock": self._clock_sample, "streams": self._stream_rows}[what](*args)
 
     # -- segments -------------------------------------------------------------
     def segment(self, s: Segment) -> None:
@@ -228,7 +251,10 @@ class CapturePoint:
                 self._drop(key, conn, "reused")   # a new connection on the same 4-tuple
                 st.connections_reused += 1
                 conn = None
+        length = len(s.payload) + s.missing
         if conn is None:
+            if not syn and not length:
+                return   # an ACK or FIN of a connection already closed here (or never seen): nothing to follow
             if len(self.conns) >= self.conns_max:
                 old = next(iter(self.conns))
                 self._drop(old, self.conns[old], "evicted")
@@ -243,21 +269,34 @@ class CapturePoint:
             d = conn.dirs[src] = _Direction(src, dst, s.seq if syn else None, bool(syn and not s.flags & ACK))
         elif syn and d.isn is None and d.asm is None:
             d.isn, d.opened = s.seq, not s.flags & ACK
-        length = len(s.payload) + s.missing
-        if not length or s.flags & RST:
+        if s.flags & RST:
+            self._drop(key, conn, "closed")
+            return
+        if not length:
+            if s.flags & FIN:
+                self._fin(key, conn, d)
             return
         if d.asm is None:
             self._start(conn, d, s)
         asm = d.asm
         off = unwrap(s.seq, d.base, asm.next)
         if (s.ts_ns - d.last_ts_ns >= CLOCK_GAP_NS and length >= CLOCK_MIN_BYTES and off >= asm.next):
-            self._clock_sample(s)
+            self._clock_sample(s.src, s.sport, s.dst, s.dport, s.seq, s.ts_ns)
         d.last_ts_ns = s.ts_ns
         if d.signature_offset < 0 and len(s.payload):
             d.signature, d.signature_offset = bytes(s.payload[:SIGNATURE_BYTES]), off
         got = asm.segment(off, bytes(s.payload), s.missing, s.ts_ns)
         if got:
             self._messages(conn, d, got)
+        if s.flags & FIN:
+            self._fin(key, conn, d)
+
+    def _fin(self, key: tuple, conn: _Connection, d: _Direction) -> None:
+        """A FIN: once both ends sent theirs the connection is done here (a segment of it still
+        in flight afterwards is a retransmission: it starts nothing new, see segment())."""
+        d.fin = True
+        if len(conn.dirs) == 2 and all(x.fin for x in conn.dirs.values()):
+            self._drop(key, conn, "closed")
 
     def _start(self, conn: _Connection, d: _Direction, s: Segment) -> None:
         """A direction's first payload: its parser (forced by port, else sniffed), from the
@@ -277,12 +316,15 @@ class CapturePoint:
         make = parser_class(forced) if forced else SniffingParser
         return make(mid_stream=mid_stream, start_offset=start_offset, key_sample_max=self.key_sample_max)
 
-    def _clock_sample(self, s: Segment) -> None:
-        for direction, here in (("tx", s.src), ("rx", s.dst)):
+    def _clock_sample(self, src: str, sport: int, dst: str, dport: int, seq: int, ts_ns: int) -> None:
+        if self.local is None:
+            self._held.append(("clock", (src, sport, dst, dport, seq, ts_ns)))
+            return
+        for direction, here in (("tx", src), ("rx", dst)):
             if here in self.local:
-                self.emit("clock_samples", {"host_id": self.host_id, "direction": direction,
-                                            "src_ip": s.src, "src_port": s.sport, "dst_ip": s.dst,
-                                            "dst_port": s.dport, "seq": s.seq, "ts_ns": s.ts_ns})
+                self.emit("clock_samples", {"host_id": self.host_id, "direction": direction, "src_ip": src,
+                                            "src_port": sport, "dst_ip": dst, "dst_port": dport, "seq": seq,
+                                            "ts_ns": ts_ns})
 
     # -- messages -------------------------------------------------------------
     def _perspectives(self, d: _Direction, msg) -> list[bool]:
@@ -299,29 +341,37 @@ class CapturePoint:
     def _messages(self, conn: _Connection, d: _Direction, msgs: list) -> None:
         asm = d.asm
         other = conn.dirs.get(d.dst)
-        isn_known = d.isn is not None and other is not None and other.isn is not None
+        isns = (d.isn, other.isn if other is not None else None)
         for m in msgs:
             self.stats.messages += 1
-            ts = asm.time_of(m.last_byte_offset)
             seq_first = (d.base + 1 + m.first_byte_offset) & MASK32
             seq_end = (d.base + 1 + m.last_byte_offset + 1) & MASK32
-            for tx in self._perspectives(d, m):
-                local, remote = (d.src, d.dst) if tx else (d.dst, d.src)
-                isn_l, isn_r = (d.isn, other.isn if other else None) if tx else (other.isn if other else None, d.isn)
-                cid, pair = conn_id_of(local, remote, isn_l or 0, isn_r or 0, isn_known)
-                view = _View(_ConnView(local, remote, pair), tx, m)
-                self.ids.learn_message(view, local)   # the local endpoint stands for the process
-                sender = recver = None
-                if m.pair_scope == PAIR_NODES:
-                    sender, recver = self.ids.sender(view, local), self.ids.recver(view, local)
-                self._row(m, tx, local, remote, cid, seq_first, seq_end, ts, sender, recver)
+            event = (conn, d, isns, m, asm.time_of(m.last_byte_offset), seq_first, seq_end)
+            if self.local is None:
+                self._held.append(("message", event))
+            else:
+                self._message_rows(*event)
         asm.release(msgs[-1].end_offset)
+
+    def _message_rows(self, conn: _Connection, d: _Direction, isns: tuple, m, ts, seq_first: int,
+                      seq_end: int) -> None:
+        for tx in self._perspectives(d, m):
+            local, remote = (d.src, d.dst) if tx else (d.dst, d.src)
+            key = (local, isns)
+            got = conn.ids.get(key)
+            if got is None:
+                isn_l, isn_r = isns if tx else isns[::-1]
+                got = conn.ids[key] = conn_id_of(local, remote, isn_l or 0, isn_r or 0, None not in isns)
+            cid, pair = got
+            view = _View(_ConnView(local, remote, pair), tx, m)
+            self.ids.learn_message(view, local)   # the local endpoint stands for the process
+            sender = recver = None
+            if m.pair_scope == PAIR_NODES:
+                sender, recver = self.ids.sender(view, local), self.ids.recver(view, local)
+            self._row(m, tx, local, remote, cid, seq_first, seq_end, ts, sender, recver)
 
     def _row(self, m, tx: bool, local, remote, cid: str, seq_first: int, seq_end: int, ts,
              sender, recver) -> None:
-        reasons = dict(TX_REASONS if tx else RX_REASONS)
-        if ts is None:
-            reasons[TX_SEEN if tx else RX_SEEN] = R_NO_TIME
         detail = m.detail()
         self.stats.rows += 1
         self.emit("messages", {
@@ -335,7 +385,7 @@ class CapturePoint:
             "msg_bytes": m.total_bytes,
             "detail": json.dumps(detail, separators=(",", ":"), sort_keys=True) if detail else None,
             TX_SEEN if tx else RX_SEEN: ts,
-            "null_reasons": ";".join(f"{k}={v}" for k, v in reasons.items()),
+            "null_reasons": NULL_REASONS[(tx, ts is not None)],
         })
 
     # -- connections ----------------------------------------------------------
@@ -356,6 +406,9 @@ class CapturePoint:
     def _stream_rows(self, conn: _Connection, end: str) -> None:
         """streams rows (agent.records.STREAMS_SCHEMA) through agent.streams.stream_row: one per
         local end (a tap: one, from the end that opened the connection, else the first seen)."""
+        if self.local is None:
+            self._held.append(("streams", (conn, end)))
+            return
         st = self.stats
         moved = 0
         for d in conn.dirs.values():

@@ -8,12 +8,12 @@ A capture point's run dir says where it came from in meta.json (`source`:
 "capture", the file's format, link types and every counter of reading, decoding
 and reassembly). It has no clock mapping and no boot id: a capture's times are the
 capturing host's CLOCK_REALTIME, related to other points and agents only through
-the traffic (reports/clocks.py estimates it). Each capture is read twice: once for
-the addresses in its connections (which end is local, capture/point.py), once for
-the rest.
+the traffic (reports/clocks.py estimates it). Each capture is read once, unless its
+local addresses judged early turn out wrong at the end (write_run_dir).
 """
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from core.safetext import safe_text
 
 SCHEMAS = {"messages": MESSAGES_SCHEMA, "streams": STREAMS_SCHEMA, "clock_samples": CLOCK_SAMPLES_SCHEMA}
 FLUSH_ROWS = 100_000         # rows per shard at most (the writer's buffer holds 200,000)
+DECIDE_AFTER_SEGMENTS = 20_000   # segments whose rows wait for the judgement of the local addresses
 NAME_CHARS_MAX = 200
 
 
@@ -64,24 +65,31 @@ def _segments(path: Path, counts: dict):
     return reader, gen()
 
 
-def _local_ips(path: Path) -> set[str]:
-    votes = LocalVotes()
-    _, segs = _segments(path, dict.fromkeys(COUNTERS, 0))
-    for s in segs:
-        votes.segment(s)
-    return votes.local()
-
-
 def write_run_dir(name: str, path: Path, out: Path, forced: dict[int, str] | None = None) -> tuple[dict, list[str]]:
     """One capture point's run dir at `out`; returns its meta.json and what was wrong with
-    the capture (sentences naming it). CaptureError when it is no capture at all."""
+    the capture (sentences naming it). CaptureError when it is no capture at all.
+
+    Read once: the local addresses are judged from the first DECIDE_AFTER_SEGMENTS
+    segments (capture/point.py: LocalVotes; the rows wait for it) and again from all of
+    them at the end; when the two disagree, the capture is read again with the final
+    judgement (`reads`: 2 in meta.json)."""
     started = time.time_ns()
-    local = _local_ips(path)
+    local = None
+    for reads in (1, 2):
+        meta, problems, final = _read_once(name, path, out, forced, started, local)
+        if final == set(meta["capture"]["local_ips"]):
+            break
+        shutil.rmtree(out, ignore_errors=True)
+        local = final
+    meta["capture"]["reads"] = reads
+    return meta, problems
+
+
+def _read_once(name, path, out, forced, started, local):
     counts = dict.fromkeys(COUNTERS, 0)
     reader, segs = _segments(path, counts)
     meta = {"host_id": name, "source": "capture", "started_realtime_ns": started,
-            "capture": {"format": reader.stats.format, "local_ips": sorted(local),
-                        "point": "host" if local else "tap"}}
+            "capture": {"format": reader.stats.format}}
     w = RunDirWriter(out, meta, shard_interval_s=1e9)
     for table, schema in SCHEMAS.items():
         w.set_schema(table, schema)
@@ -94,13 +102,22 @@ def write_run_dir(name: str, path: Path, out: Path, forced: dict[int, str] | Non
         if rows % FLUSH_ROWS == 0:
             w.flush()
 
+    votes = LocalVotes()
     point = CapturePoint(name, emit, local, forced=forced)
     first_ns = last_ns = None
+    n = 0
     for s in segs:
         if first_ns is None:
             first_ns = s.ts_ns
         last_ns = s.ts_ns
+        votes.segment(s)
         point.segment(s)
+        n += 1
+        if n == DECIDE_AFTER_SEGMENTS and point.local is None:
+            point.decide(votes.local())
+    final = votes.local()
+    if point.local is None:
+        point.decide(final)
     point.finish()
     st, ps, rs = reader.stats, point.stats, point.stats.directions
     c = w.meta["counters"]
@@ -112,14 +129,16 @@ def write_run_dir(name: str, path: Path, out: Path, forced: dict[int, str] | Non
               "records_without_time": st.records_without_time,
               "records_unknown_interface": st.records_unknown_interface,
               **{f"packets_{k}": v for k, v in counts.items()},
-              **{f"stream_{k}": getattr(rs, k) for k in ("captured_bytes", "bytes", "retransmitted_bytes", "ahead_segments",
-                                                         "lost_bytes", "truncated_bytes", "out_of_window_segments")}})
+              **{f"stream_{k}": getattr(rs, k) for k in ("captured_bytes", "bytes", "retransmitted_bytes",
+                                                         "ahead_segments", "lost_bytes", "truncated_bytes",
+                                                         "out_of_window_segments")}})
     w.meta["capture"].update({
+        "local_ips": sorted(point.local), "point": "host" if point.local else "tap",
         "link_types": sorted(st.link_types), "interfaces": len(st.interfaces),
         "truncated_tail": st.truncated_tail, "corrupt": st.corrupt, "protocols": dict(point.protocols),
         "first_packet_realtime_ns": first_ns, "last_packet_realtime_ns": last_ns})
     w.close()
-    return w.meta, _problems(name, path, w.meta)
+    return w.meta, _problems(name, path, w.meta), final
 
 
 def _problems(name: str, path: Path, meta: dict) -> list[str]:
