@@ -229,6 +229,7 @@ class CapturePoint:
         self.protocols: Counter = Counter()
         self.make_parser = make_parser or self._parser
         self.held = HeldBytes()   # what all directions hold out of order, bounded together
+        self._fed_last: tuple | None = None   # (connection, direction) of the latest payload
 
     def decide(self, local_ips: set[str]) -> None:
         """The local addresses are known: what waited for them goes out."""
@@ -285,6 +286,12 @@ class CapturePoint:
         d.last_ts_ns = s.ts_ns
         if d.signature_offset < 0 and len(s.payload):
             d.signature, d.signature_offset = bytes(s.payload[:SIGNATURE_BYTES]), off
+        last = self._fed_last
+        if last is not None and last[1] is not d:
+            got = last[1].asm.flush()   # its bytes before this segment's: messages in capture order
+            if got:
+                self._messages(*last, got)
+        self._fed_last = (conn, d)
         got = asm.segment(off, bytes(s.payload), s.missing, s.ts_ns)
         if got:
             self._messages(conn, d, got)
@@ -302,11 +309,8 @@ class CapturePoint:
         """A direction's first payload: its parser (forced by port, else sniffed), from the
         stream's start when its SYN was captured, else joined mid-stream here."""
         d.base = d.isn if d.isn is not None else 0
-        off = (s.seq - d.base - 1) & MASK32
-        if d.isn is not None and off >= 1 << 31:   # before the SYN's sequence: not this connection's
-            off = 0
-        # from the start: offset 0 (a first segment later than that is out of order)
-        start = 0 if d.isn is not None else off
+        # from the start: offset 0 (a first segment later than that is out of order); else here
+        start = 0 if d.isn is not None else (s.seq - 1) & MASK32
         d.mid_stream = d.isn is None
         d.asm = Reassembly(self.make_parser(d.src, d.dst, mid_stream=d.mid_stream, start_offset=start), start,
                            self.held)
@@ -391,6 +395,8 @@ class CapturePoint:
     # -- connections ----------------------------------------------------------
     def _drop(self, key: tuple, conn: _Connection, end: str) -> None:
         del self.conns[key]
+        if self._fed_last is not None and self._fed_last[0] is conn:
+            self._fed_last = None
         for d in conn.dirs.values():
             if d.asm is not None:
                 got = d.asm.finish()

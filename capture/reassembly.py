@@ -38,6 +38,12 @@ MARKS_MAX = 65536            # segment times kept per direction for messages sti
 # unless RESYNC_SEGMENTS of them in a row continue one another (the capture lost that much).
 WINDOW_MAX = 64 << 20
 RESYNC_SEGMENTS = 4
+# In-order bytes go to the parser this many at a time, or at flush(): a parser's cost is
+# mostly per call (its messages come later, with the same times: each segment's time is
+# kept apart). The capture point flushes a direction as soon as a segment of another one
+# comes, so messages still come out in the order of the capture (what learns node ids
+# from them relies on it).
+FEED_BYTES = 64 << 10
 
 
 def unwrap(seq: int, base: int, near: int) -> int:
@@ -76,6 +82,8 @@ class Reassembly:
         self.stats = DirectionStats()
         self.held = held if held is not None else HeldBytes()
         self._far = (-1, 0)               # (end offset, count) of the latest out-of-window run
+        self._unfed: list[bytes] = []     # in order, not yet given to the parser (FEED_BYTES at a time)
+        self._unfed_bytes = 0
         self._ooo: dict[int, tuple[bytes, int, int]] = {}   # offset -> (captured, missing, ts_ns)
         self._ooo_heap: list[int] = []
         self._ooo_bytes = 0
@@ -102,7 +110,7 @@ class Reassembly:
             st.lost_bytes += hole
             self.next = off
             self._mark(off, None)
-            return out + self.parser.gap(hole) + self._deliver(off, payload, missing, ts_ns)
+            return out + self._gap(hole) + self._deliver(off, payload, missing, ts_ns)
         if end <= self.next:
             st.retransmitted_bytes += length
             return []
@@ -138,15 +146,14 @@ class Reassembly:
             st.retransmitted_bytes += min(skip, cap + missing)
         end = off + cap + missing
         if skip < cap:
-            got = parser.feed(payload[skip:] if skip else payload)
-            if got:
-                out += got
+            self._unfed.append(payload[skip:] if skip else payload)
+            self._unfed_bytes += cap - skip
+            if self._unfed_bytes >= FEED_BYTES:
+                out += self._feed()
         lost = min(missing, end - max(self.next, off + cap))
         if lost > 0:
             st.truncated_bytes += lost
-            got = parser.gap(lost)
-            if got:
-                out += got
+            out += self._gap(lost)
         st.bytes += end - self.next
         self.next = end
         self._mark(end, ts_ns)
@@ -159,6 +166,20 @@ class Reassembly:
             drop = MARKS_MAX // 4
             self._marks_dropped_to = self._mark_ends[drop - 1]
             del self._mark_ends[:drop], self._mark_ts[:drop]
+
+    def flush(self) -> list:
+        """What waits in order goes to the parser in one piece; returns its messages."""
+        return self._feed()
+
+    def _feed(self) -> list:
+        if not self._unfed:
+            return []
+        data = self._unfed[0] if len(self._unfed) == 1 else b"".join(self._unfed)
+        self._unfed, self._unfed_bytes = [], 0
+        return self.parser.feed(data)
+
+    def _gap(self, n: int) -> list:
+        return self._feed() + self.parser.gap(n)
 
     def _hold(self, n: int) -> None:
         self._ooo_bytes += n
@@ -184,7 +205,7 @@ class Reassembly:
         self.stats.lost_bytes += hole
         self.next += hole
         self._mark(self.next, None)   # bytes of a hole have no time
-        out = self.parser.gap(hole)
+        out = self._gap(hole)
         return out + self._drain()
 
     def finish_holes(self) -> list:
@@ -196,7 +217,8 @@ class Reassembly:
 
     def finish(self) -> list:
         """The capture ended: every hole still open is lost; the parser is closed."""
-        return self.finish_holes() + self.parser.close()
+        out = self.finish_holes()
+        return out + self._feed() + self.parser.close()
 
     def time_of(self, offset: int) -> int | None:
         """Capture time of the segment that carried the byte at `offset` (None: not kept, or
