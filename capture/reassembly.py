@@ -28,6 +28,8 @@ import bisect
 import heapq
 from dataclasses import dataclass
 
+from parsers.sniff import SniffingParser
+
 MASK32 = 0xFFFFFFFF
 OOO_MAX_BYTES = 8 << 20      # held out of order per direction before the hole is declared lost
 OOO_MAX_SEGMENTS = 8192
@@ -176,7 +178,11 @@ class Reassembly:
             return []
         data = self._unfed[0] if len(self._unfed) == 1 else b"".join(self._unfed)
         self._unfed, self._unfed_bytes = [], 0
-        return self.parser.feed(data)
+        parser = self.parser
+        out = parser.feed(data)
+        if type(parser) is SniffingParser and parser.chosen is not None:
+            self.parser = parser.chosen   # it has seen every byte: fed directly from now on (as agent/streams.py)
+        return out
 
     def _gap(self, n: int) -> list:
         return self._feed() + self.parser.gap(n)
