@@ -124,7 +124,7 @@ def test_capture_network_time_agrees_with_the_agent(tmp_path):
         try:
             caps = {h: start_tcpdump(cluster, h, tmp_path / f"{h}.pcap") for h in CAPTURED}
             sampler = RealtimeSteps()
-            with launch_in_cluster(cluster, tmp_path / "ps", servers=2, workers=4, duration_s=2.0, rate=40,
+            with launch_in_cluster(cluster, tmp_path / "ps", servers=2, workers=4, duration_s=3.0, rate=50,
                                    keys_per_request=64, embedding_dim=8) as job:
                 job.wait_ready()
                 job.wait()
@@ -149,7 +149,7 @@ def test_capture_network_time_agrees_with_the_agent(tmp_path):
     c = c[(c.worker_host == "h2") & (c.server_host == "h0")]
     a = ag.complete
     a = a[(a.worker_host == "h2") & (a.server_host == "h0")]
-    assert len(c) > 50 and set(c.folded) == {"client_nic_tx+server_nic_rx>wire_req;server_kernel_rx+server_user+"
+    assert len(c) > 100 and set(c.folded) == {"client_nic_tx+server_nic_rx>wire_req;server_kernel_rx+server_user+"
                                               "server_kernel_tx>unsplit;server_nic_tx+client_nic_rx>wire_resp"}
     c = c.assign(steps=_steps_near(c, times, steps))
     j = c.assign(cap_ns=_network(c, ["wire_req", "wire_resp"]))[KEY + ["cap_ns", "steps"]].merge(
