@@ -9,7 +9,7 @@ times, up to --mb MB. On that one file, page cache warm, each reader in turn:
 1. framing only (every record's time and bytes): scapy's RawPcapReader, dpkt's
    pcap.Reader (when importable), capture.read.CaptureReader;
 2. framing and headers to TCP segments (addresses, ports, seq, flags, payload): dpkt's
-   Ethernet objects, scapy's dissection (on the first 100,000 packets: it is the slowest
+   Ethernet objects, scapy's dissection (on the first 20,000 packets: it is the slowest
    by far), capture.decode;
 3. the whole capture -> a run dir, as `pslat report CAPTURE` does before the report
    (capture.rundir.write_run_dir: both passes, reassembly, the protocols' parsers, rows).
@@ -33,7 +33,7 @@ from capture.rundir import write_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 MIX = ROOT / "tests" / "data" / "capture" / "h1.pcap"
-SCAPY_DISSECT_PACKETS = 100_000
+SCAPY_DISSECT_PACKETS = 20_000
 IP_SRC, IP_DST = 14 + 12, 14 + 16   # Ethernet + the IPv4 header's address fields
 
 
