@@ -132,6 +132,9 @@ def _read_once(name, path, out, forced, started, local):
               **{f"stream_{k}": getattr(rs, k) for k in ("captured_bytes", "bytes", "retransmitted_bytes",
                                                          "ahead_segments", "lost_bytes", "truncated_bytes",
                                                          "out_of_window_segments")}})
+    if first_ns is not None and 0 <= first_ns < 1 << 63:
+        # the run it belongs to is when it was captured (reports/load.py groups run dirs by time)
+        w.meta["started_realtime_ns"] = first_ns
     w.meta["capture"].update({
         "local_ips": sorted(point.local), "point": "host" if point.local else "tap",
         "link_types": sorted(st.link_types), "interfaces": len(st.interfaces),

@@ -144,3 +144,18 @@ def test_the_cli_reports_captures(tmp_path):
     s = json.loads((tmp_path / "r.json").read_text())
     assert s["requests"] == 30 and sorted(s["hosts"]) == ["server", "worker"]
     assert "30 requests" in r.stderr
+
+
+def test_a_capture_and_an_agents_run_dir_in_one_report(tmp_path):
+    """The worker captured (CLOCK_REALTIME), the server traced by the agent (CLOCK_MONOTONIC):
+    one run by the times they cover, the clocks related by the traffic, the server's host
+    split by the agent's stages and the wire by the capture's."""
+    dirs, problems = write_run_dirs(parse_points([DATA / "h1.pcap"], []), tmp_path)
+    d = dissect([DATA / "agent" / "h0", *dirs])
+    assert problems == [] and d.hosts == ["h0", "h1"] and not any("different run" in p for p in d.problems)
+    clock = d.clocks[("h0", "h1")]
+    assert clock.source == "estimated" and clock.uncertainty_ns < 1_100_000
+    req = d.complete
+    assert len(req) == 30
+    assert req.server_kernel_rx.notna().all() and req.server_user.notna().all()
+    assert (req.wire_req > 1_000_000).all() and (req.wire_resp > 1_000_000).all()
