@@ -149,11 +149,14 @@ class LocalVotes:
         self._synack: dict[tuple, tuple[int, int]] = {}   # -> (SYN-ACK time, its delay after the SYN)
         self._unacked: dict[tuple, tuple[int, int]] = {}  # (src, dst) endpoints -> (seq end, time) of its last data
         self._ack_min: dict[tuple, int] = {}  # (acking, acked) endpoints -> quickest ACK seen, ns
+        self.timing = True    # False: only the addresses are collected from here on (votes kept)
 
     def segment(self, s: Segment) -> None:
         pair = (s.src, s.dst) if s.src <= s.dst else (s.dst, s.src)
         if pair not in self.pairs and len(self.pairs) < self.PAIRS_MAX:
             self.pairs.add(pair)
+        if not self.timing:
+            return
         a, b = (s.src, s.sport), (s.dst, s.dport)
         if s.flags & SYN and not s.flags & ACK:
             if len(self._syn) < self.PAIRS_MAX:

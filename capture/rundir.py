@@ -70,9 +70,10 @@ def write_run_dir(name: str, path: Path, out: Path, forced: dict[int, str] | Non
     the capture (sentences naming it). CaptureError when it is no capture at all.
 
     Read once: the local addresses are judged from the first DECIDE_AFTER_SEGMENTS
-    segments (capture/point.py: LocalVotes; the rows wait for it) and again from all of
-    them at the end; when the two disagree, the capture is read again with the final
-    judgement (`reads`: 2 in meta.json)."""
+    segments (capture/point.py: LocalVotes; the rows wait for it) and again at the end
+    with every connection's addresses (the votes of handshakes and ACKs are those of
+    the first segments); when the two disagree, the capture is read again with the
+    final judgement (`reads`: 2 in meta.json)."""
     started = time.time_ns()
     local = None
     for reads in (1, 2):
@@ -115,6 +116,7 @@ def _read_once(name, path, out, forced, started, local):
         n += 1
         if n == DECIDE_AFTER_SEGMENTS and point.local is None:
             point.decide(votes.local())
+            votes.timing = False   # the votes are cast; every connection's addresses still count
     final = votes.local()
     if point.local is None:
         point.decide(final)
