@@ -16,7 +16,7 @@ format raises CaptureError, which says so.
 
 Why a reader of our own (bench/capture.py measures it, docs/capture.md has the figures):
 scapy's RawPcapReader and dpkt's pcap.Reader do the same framing a record at a time in
-Python from file reads, at less than half this speed (1 GB: 2.2 s here, 4.9 and 5.4 s
+Python from file reads, at less than half this speed (1 GB: 1.8 s here, 4.2 and 4.5 s
 there); their header decoding is slower still (capture/decode.py).
 """
 from __future__ import annotations
