@@ -69,6 +69,7 @@ class CaptureReader:
     def __init__(self, path):
         self.path = path
         self.stats = ReadStats()
+        self._pos = 0   # where the format's reader is in the file (the pages before it are read)
         try:
             self._file = open_regular(path, MAX_CAPTURE_BYTES)
         except OSError as e:
@@ -102,7 +103,17 @@ class CaptureReader:
         self._file.close()
 
     def __iter__(self):
-        return self._pcap() if self.stats.format == "pcap" else self._pcapng()
+        records = self._pcap() if self.stats.format == "pcap" else self._pcapng()
+        release_at = RELEASE_EVERY_BYTES
+        n = 0
+        try:
+            for rec in records:
+                n += 1
+                yield rec
+                if self._pos >= release_at:
+                    release_at = self._release(self._pos)
+        finally:
+            self.stats.records = n
 
     def _release(self, pos: int) -> int:
         """Drops the mapping's pages before `pos` (whole pages) from this process; returns where
@@ -126,28 +137,19 @@ class CaptureReader:
         rec = struct.Struct(order + "IIII").unpack_from
         frac_max = 1_000_000_000 // tick_ns
         pos = 24
-        release_at = RELEASE_EVERY_BYTES
-        n = 0
-        try:
-            while pos + 16 <= end:
-                sec, frac, caplen, wire_len = rec(m, pos)
-                if caplen > MAX_RECORD_BYTES or frac >= frac_max:
-                    st.corrupt = (f"record at byte {pos:,}: captured length {caplen:,}"
-                                  if caplen > MAX_RECORD_BYTES else f"record at byte {pos:,}: time fraction {frac:,}")
-                    break
-                data_end = pos + 16 + caplen
-                if data_end > end:
-                    st.truncated_tail = True
-                    break
-                n += 1
-                yield sec * 1_000_000_000 + frac * tick_ns, link_type, m[pos + 16:data_end], max(wire_len, caplen)
-                pos = data_end
-                if pos >= release_at:
-                    release_at = self._release(pos)
-            else:
-                st.truncated_tail = pos != end
-        finally:
-            st.records = n
+        while pos + 16 <= end:
+            sec, frac, caplen, wire_len = rec(m, pos)
+            if caplen > MAX_RECORD_BYTES or frac >= frac_max:
+                st.corrupt = (f"record at byte {pos:,}: captured length {caplen:,}"
+                              if caplen > MAX_RECORD_BYTES else f"record at byte {pos:,}: time fraction {frac:,}")
+                return
+            data_end = pos + 16 + caplen
+            if data_end > end:
+                st.truncated_tail = True
+                return
+            self._pos = pos = data_end
+            yield sec * 1_000_000_000 + frac * tick_ns, link_type, m[pos - caplen:pos], max(wire_len, caplen)
+        st.truncated_tail = pos != end
 
     def _pcapng(self):
         m, st = self._map, self.stats
@@ -155,61 +157,52 @@ class CaptureReader:
         pos = 0
         order = "<"
         ifaces: list[tuple[int, int, int]] = []   # (link type, ticks per second, snaplen)
-        n = 0
-        release_at = RELEASE_EVERY_BYTES
-        try:
-            while pos + 12 <= end:
-                if bytes(m[pos:pos + 4]) == PCAPNG_SHB:
-                    bom = bytes(m[pos + 8:pos + 12])
-                    order = "<" if struct.unpack("<I", bom)[0] == NG_BYTE_ORDER_MAGIC else ">"
-                    if struct.unpack(order + "I", bom)[0] != NG_BYTE_ORDER_MAGIC:
-                        st.corrupt = f"section header at byte {pos:,}: no byte-order magic"
-                        break
-                    ifaces = []   # interfaces are per section
-                btype, blen = struct.unpack_from(order + "II", m, pos)
-                if blen < 12 or blen % 4 or blen > MAX_RECORD_BYTES + MAX_BLOCK_BYTES:
-                    st.corrupt = f"block at byte {pos:,}: length {blen:,}"
-                    break
-                if pos + blen > end:
-                    st.truncated_tail = True
-                    break
-                body = pos + 8
-                body_end = pos + blen - 4
-                if btype == NG_EPB or btype == NG_OPB:
-                    if btype == NG_EPB:
-                        iface, hi, lo, caplen, wire_len = struct.unpack_from(order + "IIIII", m, body)
-                    else:
-                        iface, _drops, hi, lo, caplen, wire_len = struct.unpack_from(order + "HHIIII", m, body)
-                    data = body + 20
-                    if data + caplen > body_end:
-                        st.corrupt = f"packet block at byte {pos:,}: captured length {caplen:,} beyond the block"
-                        break
-                    if iface >= len(ifaces):
-                        st.records_unknown_interface += 1
-                    else:
-                        link_type, per_s, _snap = ifaces[iface]
-                        ticks = (hi << 32) | lo
-                        ts_ns = ticks * (1_000_000_000 // per_s) if per_s <= 1_000_000_000 and \
-                            1_000_000_000 % per_s == 0 else ticks * 1_000_000_000 // per_s
-                        n += 1
-                        yield ts_ns, link_type, m[data:data + caplen], max(wire_len, caplen)
-                elif btype == NG_IDB:
-                    if len(ifaces) >= MAX_INTERFACES:
-                        st.corrupt = f"more than {MAX_INTERFACES} interfaces in a section"
-                        break
-                    link_type, _res, snap = struct.unpack_from(order + "HHI", m, body)
-                    ifaces.append((link_type, _tsresol(m, body + 8, body_end, order), snap))
-                    st.interfaces.append((link_type, ifaces[-1][1]))
-                    st.link_types.add(link_type)
-                elif btype == NG_SPB:
-                    st.records_without_time += 1
-                pos += blen
-                if pos >= release_at:
-                    release_at = self._release(pos)
-            else:
-                st.truncated_tail = pos != end
-        finally:
-            st.records = n
+        while pos + 12 <= end:
+            if bytes(m[pos:pos + 4]) == PCAPNG_SHB:
+                bom = bytes(m[pos + 8:pos + 12])
+                order = "<" if struct.unpack("<I", bom)[0] == NG_BYTE_ORDER_MAGIC else ">"
+                if struct.unpack(order + "I", bom)[0] != NG_BYTE_ORDER_MAGIC:
+                    st.corrupt = f"section header at byte {pos:,}: no byte-order magic"
+                    return
+                ifaces = []   # interfaces are per section
+            btype, blen = struct.unpack_from(order + "II", m, pos)
+            if blen < 12 or blen % 4 or blen > MAX_RECORD_BYTES + MAX_BLOCK_BYTES:
+                st.corrupt = f"block at byte {pos:,}: length {blen:,}"
+                return
+            if pos + blen > end:
+                st.truncated_tail = True
+                return
+            body = pos + 8
+            body_end = pos + blen - 4
+            self._pos = pos = pos + blen
+            if btype == NG_EPB or btype == NG_OPB:
+                if btype == NG_EPB:
+                    iface, hi, lo, caplen, wire_len = struct.unpack_from(order + "IIIII", m, body)
+                else:
+                    iface, _drops, hi, lo, caplen, wire_len = struct.unpack_from(order + "HHIIII", m, body)
+                data = body + 20
+                if data + caplen > body_end:
+                    st.corrupt = f"packet block at byte {body - 8:,}: captured length {caplen:,} beyond the block"
+                    return
+                if iface >= len(ifaces):
+                    st.records_unknown_interface += 1
+                    continue
+                link_type, per_s, _snap = ifaces[iface]
+                ticks = (hi << 32) | lo
+                ts_ns = ticks * (1_000_000_000 // per_s) if per_s <= 1_000_000_000 and \
+                    1_000_000_000 % per_s == 0 else ticks * 1_000_000_000 // per_s
+                yield ts_ns, link_type, m[data:data + caplen], max(wire_len, caplen)
+            elif btype == NG_IDB:
+                if len(ifaces) >= MAX_INTERFACES:
+                    st.corrupt = f"more than {MAX_INTERFACES} interfaces in a section"
+                    return
+                link_type, _res, snap = struct.unpack_from(order + "HHI", m, body)
+                ifaces.append((link_type, _tsresol(m, body + 8, body_end, order), snap))
+                st.interfaces.append((link_type, ifaces[-1][1]))
+                st.link_types.add(link_type)
+            elif btype == NG_SPB:
+                st.records_without_time += 1
+        st.truncated_tail = pos != end
 
 
 def _tsresol(m, pos: int, end: int, order: str) -> int:
