@@ -27,8 +27,9 @@ the joined interval is named:
   given to one of them).
 So the components of a request add up exactly (integer ns) to its end-to-end
 time, from its first to its last present point: P0 -> P13 when the framework
-probe saw both, else from the send syscall / to the recv exit (e2e_from,
-e2e_to say which). A negative interval (a clock error) is kept as it is.
+probe saw both, else from the send syscall / to the recv exit, else (a packet
+capture at the client) from the driver handoff / to netif (e2e_from, e2e_to
+say which). A negative interval (a clock error) is kept as it is.
 
 Sub-components, reported beside their parent, only where the parent is whole:
 *_kernel_rx = *_stack_rx (netif -> data-ready) + *_sock_wait (data-ready ->
@@ -175,8 +176,9 @@ def compute(req: pd.DataFrame) -> pd.DataFrame:
         # a member that is null adds nothing (its time is in another member or group)
         out[f"group_{g}"] = _masked((comp[:, ks] * has[:, ks]).sum(axis=1), has[:, ks].any(axis=1))
     out["e2e"] = _masked(e2e, e2e_ok)
-    names = np.array(["framework", "syscall"] + [None] * 12, dtype=object)
-    end_names = np.array([None] * 12 + ["syscall", "framework"], dtype=object)
+    # a packet capture's view starts at the driver handoff and ends at netif (capture/point.py)
+    names = np.array(["framework", "syscall", "driver"] + [None] * 11, dtype=object)
+    end_names = np.array([None] * 11 + ["netif", "syscall", "framework"], dtype=object)
     out["e2e_from"] = np.where(first >= 0, names[np.maximum(first, 0)], None)
     out["e2e_to"] = np.where(last >= 0, end_names[np.maximum(last, 0)], None)
     out["folded"] = folds

@@ -175,6 +175,10 @@ def _notes(table: pd.DataFrame, req: pd.DataFrame) -> list[str]:
     if sys_:
         out.append(f"{sys_} requests have no framework time at one end: their end-to-end starts or "
                    "ends at the send/recv syscall")
+    wire = int(((comp["e2e_from"] == "driver") | (comp["e2e_to"] == "netif")).sum())
+    if wire:
+        out.append(f"{wire} requests have no syscall time at one end (a packet capture sees none): their "
+                   "end-to-end starts at the driver handoff or ends at netif")
     for fold, k in comp["folded"].value_counts().items():
         if fold:
             why = _null_reasons(req.loc[comp.index[comp["folded"] == fold], _REASON_COLUMNS], fold)

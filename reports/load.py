@@ -286,7 +286,7 @@ def expand(paths: list[Path]) -> list[Path]:
     for p in map(Path, paths):
         if not p.is_dir():
             raise UserError(f"{p} is not a directory; give run dirs written by `pslat agent --out DIR` "
-                            "(DIR itself or DIR/<host>)")
+                            "(DIR itself or DIR/<host>), or capture files (pcap, pcapng)")
         if _is_run_dir(p):
             out.append(p)
             continue

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -56,8 +58,10 @@ def request_table(requests):
 
 
 def report(
-    run_dirs: List[Path] = typer.Argument(..., help="run dirs of one run, one per host (or the dir "
-                                          "`pslat agent --out DIR` wrote)", show_default=False),
+    run_dirs: List[Path] = typer.Argument(None, help="run dirs of one run, one per host (or the dir "
+                                          "`pslat agent --out DIR` wrote), and/or capture files (pcap, "
+                                          "pcapng), each a capture point named by its file name",
+                                          show_default=False),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="term | json (the summary) | html (self-contained "
                                       "report) | trace (Chrome/Perfetto) | parquet | csv (one row per "
                                       "request); default: from -o's extension, else term",
@@ -67,18 +71,54 @@ def report(
     clocks: str = typer.Option("auto", "--clocks", help="auto: use shared or disciplined clocks when "
                                "meta.json says so, else estimate from the traffic; estimate: always "
                                "from the traffic", rich_help_panel="Clocks"),
+    captures: Annotated[Optional[List[str]], typer.Option(
+        "--capture", help="NAME=FILE: a capture file (pcap, pcapng) of the capture point NAME (a host, or a "
+        "tap); repeat for each", rich_help_panel="Captures", show_default=False)] = None,
+    protocols: Annotated[Optional[List[str]], typer.Option(
+        "--protocol", help="PORT=NAME: captured connections with an end on PORT speak protocol NAME (else "
+        "told from their bytes)", rich_help_panel="Captures", show_default=False)] = None,
 ) -> None:
     """Pair both ends of every push/pull across hosts and split its latency into host, NIC and wire."""
     from reports.dissect import dissect
-    from reports.summary import summary
-    from reports.term_report import FullReport, report_console
-    from reports.viewmodel import build_model
 
     if clocks not in ("auto", "estimate"):
         raise UserError(f"--clocks {clocks}: give auto or estimate")
     fmt = pick_format(fmt, output)
-    d = dissect(list(run_dirs), force_estimate=clocks == "estimate")
-    dirs = list(run_dirs)
+    with captured_run_dirs(list(run_dirs or []), captures or [], protocols or []) as (dirs, problems):
+        d = dissect(dirs, force_estimate=clocks == "estimate")
+        d.problems[:0] = problems
+        _render(d, dirs, fmt, output)
+
+
+@contextmanager
+def captured_run_dirs(paths: list[Path], captures: list[str], protocols: list[str]):
+    """The run dirs among `paths`, with a run dir for each capture file (among `paths` or
+    --capture NAME=FILE) made in a temporary dir that lasts the report (capture/rundir.py),
+    and what was wrong with the captures."""
+    files = [p for p in paths if p.is_file()]   # anything else is a run dir for reports.load to judge
+    if not files and not captures:
+        if not paths:
+            raise UserError("give run dirs or capture files (see `pslat report --help`)")
+        yield paths, []
+        return
+    from capture.rundir import parse_points, write_run_dirs
+    from parsers.registry import parse_forced
+
+    try:
+        forced = parse_forced(protocols)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    points = parse_points(files, captures)
+    with tempfile.TemporaryDirectory(prefix="pslat-captures-") as tmp:
+        made, problems = write_run_dirs(points, Path(tmp), forced)
+        yield [p for p in paths if not p.is_file()] + made, problems
+
+
+def _render(d, dirs: list[Path], fmt: str, output: Path | None) -> None:
+    from reports.summary import summary
+    from reports.term_report import FullReport, report_console
+    from reports.viewmodel import build_model
+
     if fmt == "term" and output is None:
         report_console().print(FullReport(build_model(d, dirs)))
         return
