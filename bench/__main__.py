@@ -9,9 +9,9 @@ import sys
 
 # about 60 minutes in all with the defaults (overhead ~13, cost 22-24 at load 11-13, where
 # each of its 6 agent starts took 1-2.5 min, capacity ~16 with its 10-minute memory run,
-# report ~5, the rest ~2); each takes options for shorter runs
+# report ~5, capture ~2 for its 1 GB, the rest ~2); each takes options for shorter runs
 BENCHMARKS = ["bench.wire", "bench.psbench_throughput", "bench.overhead", "bench.cost", "bench.capacity",
-              "bench.report"]
+              "bench.report", "bench.capture"]
 
 
 def main() -> int:
