@@ -632,45 +632,21 @@ class Correlator:
             else:
                 reasons["ts_framework_ns"] = p.fw_reason or R_NO_FW_MATCH
         stages = wm.stages
-        if wm.tx and self.netstack_on:
+        netstack_on = self.netstack_on
+        tx = wm.tx
+        if tx and netstack_on:
             stages = self.tx_times.pop(conn.sk, wm.seq_end) or stages
-        row = dict.fromkeys(_STAGE_COLS)
-        row["ts_framework_ns"] = ts_fw
-        kernel_reason = R_NOT_TIMED if self.netstack_on else R_NO_NETSTACK
-        if wm.tx:
-            row["ts_send_first_enter_ns"] = first.enter_ts_ns if first else None
-            row["ts_send_last_exit_ns"] = last.exit_ts_ns if last else None
-            if first is None:
-                reasons["ts_send_first_enter_ns"] = R_NO_FIRST_CALL
-            if last is None:
-                reasons["ts_send_last_exit_ns"] = R_NO_LAST_CALL
-            for col, null_key in _TX_KERNEL_COLS:
-                v = row[col] = stages.get(col)
-                if v is None:
-                    reasons[col] = stages.get(null_key, kernel_reason)
-        else:
-            row["ts_recv_last_exit_ns"] = last.exit_ts_ns if last else None
-            if last is None:
-                reasons["ts_recv_last_exit_ns"] = R_NO_LAST_CALL
-            for col, null_key in _RX_KERNEL_COLS:
-                v = row[col] = stages.get(col)
-                if v is None:
-                    reasons[col] = stages.get(null_key, kernel_reason)
-            dr, done = row.get("ts_data_ready_ns"), row["ts_recv_last_exit_ns"]
-            if dr is not None and done is not None and dr > done:
-                # a later segment's data-ready: the byte's own segment arrived 5 ms before
-                # the recv, the record on file came 10 us after it (once, in a 2 ms-wire run
-                # with reconnects; the segment also held the next message's start)
-                row["ts_data_ready_ns"] = None
-                reasons["ts_data_ready_ns"] = R_DATA_READY_LATE
+        get = stages.get
+        kernel_reason = R_NOT_TIMED if netstack_on else R_NO_NETSTACK
         call = last or first
-        row.update({
+        local, remote = conn.local, conn.remote
+        # one literal in schema order: the stage columns of the other side stay None
+        row = {
             "host_id": self.host_of(conn.netns_ino),
-            "direction": "tx" if wm.tx else "rx",
+            "direction": "tx" if tx else "rx",
             "pid": p.tgid, "tid": call.tid if call else None, "comm": call.comm if call else None,
             "netns_ino": conn.netns_ino,
-            "local_ip": conn.local[0], "local_port": conn.local[1],
-            "remote_ip": conn.remote[0], "remote_port": conn.remote[1],
+            "local_ip": local[0], "local_port": local[1], "remote_ip": remote[0], "remote_port": remote[1],
             "conn_id": conn.conn_id,
             "seq_first": wm.seq_first, "seq_end": wm.seq_end,
             "protocol": m.protocol, "pair_scope": m.pair_scope,
@@ -683,13 +659,45 @@ class Correlator:
             "value_bytes": m.value_bytes, "msg_bytes": m.total_bytes,
             "detail": _detail_json(m.detail()),
             "framework_layer": fw.layer if fw is not None else None,
-        })
-        for col in _SUB_COLS:
-            row[col] = stages.get(col)
-        if not self.netstack_on:
+            "ts_framework_ns": ts_fw,
+            "ts_send_first_enter_ns": None, "ts_send_last_exit_ns": None,
+            "ts_xmit_last_ns": None, "ts_txdone_last_ns": None,
+            "ts_nic_rx_last_ns": None, "ts_netif_rx_last_ns": None,
+            "ts_data_ready_ns": None, "ts_recv_last_exit_ns": None,
+            "runq_wait_ns": get("runq_wait_ns"), "busy_wait_ns": get("busy_wait_ns"),
+            "cwnd_wait_ns": get("cwnd_wait_ns"), "rwnd_wait_ns": get("rwnd_wait_ns"),
+            "qdisc_wait_ns": get("qdisc_wait_ns"), "connect_wait_ns": get("connect_wait_ns"),
+        }
+        if tx:
+            row["ts_send_first_enter_ns"] = first.enter_ts_ns if first else None
+            row["ts_send_last_exit_ns"] = last.exit_ts_ns if last else None
+            if first is None:
+                reasons["ts_send_first_enter_ns"] = R_NO_FIRST_CALL
+            if last is None:
+                reasons["ts_send_last_exit_ns"] = R_NO_LAST_CALL
+            for col, null_key in _TX_KERNEL_COLS:
+                v = row[col] = get(col)
+                if v is None:
+                    reasons[col] = get(null_key, kernel_reason)
+        else:
+            done = row["ts_recv_last_exit_ns"] = last.exit_ts_ns if last else None
+            if last is None:
+                reasons["ts_recv_last_exit_ns"] = R_NO_LAST_CALL
+            for col, null_key in _RX_KERNEL_COLS:
+                v = row[col] = get(col)
+                if v is None:
+                    reasons[col] = get(null_key, kernel_reason)
+            dr = row["ts_data_ready_ns"]
+            if dr is not None and done is not None and dr > done:
+                # a later segment's data-ready: the byte's own segment arrived 5 ms before
+                # the recv, the record on file came 10 us after it (once, in a 2 ms-wire run
+                # with reconnects; the segment also held the next message's start)
+                row["ts_data_ready_ns"] = None
+                reasons["ts_data_ready_ns"] = R_DATA_READY_LATE
+        if not netstack_on:
             cols = ("cwnd_wait_ns", "rwnd_wait_ns") if wm.tx else ("runq_wait_ns", "busy_wait_ns")
             sub = {k + ":null": R_NO_NETSTACK for k in cols}
-        elif wm.tx:
+        elif tx:
             sub = window_split(wm.seq_end, row["ts_send_last_exit_ns"], last.window if last else None, stages)
         else:
             sub = sock_wait_split(row["ts_data_ready_ns"], row["ts_recv_last_exit_ns"],
@@ -700,7 +708,7 @@ class Correlator:
             else:
                 row[k] = v
         row["null_reasons"] = ";".join(f"{k}={v}" for k, v in reasons.items())
-        if wm.tx and ts_fw is not None and self.connections is not None:
+        if tx and ts_fw is not None and self.connections is not None:
             # the request waited for its connection (zmq connects in the background)
             est = self.connections.established_ns(conn.local, conn.remote)
             if est is not None and est > ts_fw:
@@ -754,10 +762,7 @@ def _only_pairing(fs: list, compat: dict) -> list[tuple]:
     return found[0] if len(found) == 1 else []
 
 
-_STAGE_COLS = tuple(dict.fromkeys(list(TX_STAGE_COLUMNS.values()) + list(RX_STAGE_COLUMNS.values())))
 _TX_KERNEL_COLS = tuple((TX_STAGE_COLUMNS[s], TX_STAGE_COLUMNS[s] + ":null")
                         for s in (TxStage.XMIT_LAST, TxStage.TXDONE_LAST))
 _RX_KERNEL_COLS = tuple((RX_STAGE_COLUMNS[s], RX_STAGE_COLUMNS[s] + ":null")
                         for s in (RxStage.NIC_RX_LAST, RxStage.NETIF_RX_LAST, RxStage.DATA_READY))
-_SUB_COLS = ("runq_wait_ns", "busy_wait_ns", "cwnd_wait_ns", "rwnd_wait_ns", "qdisc_wait_ns",
-             "connect_wait_ns")

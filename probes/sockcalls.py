@@ -17,8 +17,8 @@ not followed (tests/oracles/walker.py is the reference, `WalkedCall.stream_view`
 from __future__ import annotations
 
 import ctypes
-import os
 import enum
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 from core.errors import UserError
