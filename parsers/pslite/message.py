@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from parsers.protocol import PAIR_CONNECTION, PAIR_NODES
 
 from .bytepskeys import server_rank, split_key
-from .meta import DATA_TYPE_BYTES, Cmd, DataType, PBMeta
+from .meta import DATA_TYPE_BYTES, PS_META_EMPTY, Cmd, DataType, PBMeta
 
 # What a data frame may claim as its element type: ps::DataType values (0..11)
 MAX_DATA_TYPE = max(DataType)
@@ -278,7 +278,9 @@ def _read_meta(body) -> MetaInfo | None:
             return None
         kind, cmd = Kind.CONTROL, c.cmd
         if c.node:
-            nodes = tuple(NodeInfo(n.id if n.HasField("id") else None,
+            # a node not given its id yet says kEmpty (a worker's own ADD_NODE, before the
+            # scheduler's answer numbers it): no id, as rawmeta.py reads it
+            nodes = tuple(NodeInfo(n.id if n.HasField("id") and n.id != PS_META_EMPTY else None,
                                    n.role if n.HasField("role") else None,
                                    n.hostname, n.port if n.HasField("port") else None)
                           for n in c.node)

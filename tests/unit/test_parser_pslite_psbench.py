@@ -105,3 +105,19 @@ def test_joining_psbench_streams_mid_way(seed):
         got = q.feed(b[cut:]) + q.close()
         assert [(m.first_byte_offset, m.timestamp) for m in got] == \
                [(m.first_byte_offset, m.timestamp) for m in msgs if m.first_byte_offset >= cut]
+
+
+def test_a_node_not_numbered_yet_has_no_id():
+    """A worker's own ADD_NODE names itself with ps::Node::kEmpty before the scheduler's
+    answer numbers it: that is no node id (as rawmeta.py reads BytePS's), so what an
+    agent learns from it is never an id no node has."""
+    from parsers.pslite.message import read_meta
+    from parsers.pslite.meta import PBMeta, PS_META_EMPTY
+
+    pb = PBMeta(request=True, push=False)
+    pb.control.cmd = Cmd.ADD_NODE
+    for node_id, port in ((PS_META_EMPTY, 9000), (9, 9001)):
+        n = pb.control.node.add()
+        n.id, n.role, n.hostname, n.port = node_id, 2, "10.0.0.1", port
+    meta = read_meta(pb.SerializeToString())
+    assert [(n.node_id, n.port) for n in meta.nodes] == [(None, 9000), (9, 9001)]
