@@ -5,6 +5,8 @@
     reassembly.py  segments -> one direction's bytes in order, gaps, each byte's time
     point.py       one capture point's segments -> message, streams, clock-sample rows
     rundir.py      captures -> run dirs (one per capture point) that `pslat report` reads
+    annotate.py    a host's packets + the agent's rows of it -> commented pcapng packets (agent --pcap)
+    pcapng_write.py  pcapng out: interfaces per host, ns times, a comment per packet
 
 A capture sees no syscall and no framework call: its rows carry the stages a
 packet tap sees (a send at the driver handoff, a receive at netif_receive) and
