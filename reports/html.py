@@ -458,10 +458,13 @@ def render(m: dict) -> str:
     return _PLACEHOLDER.sub(lambda mo: values[mo.group(1)], PAGE)
 
 
-def write_html(d, path: Path, run_dirs: list[Path] | None = None) -> dict:
+def write_html(d, path: Path, run_dirs: list[Path] | None = None, sel=None, comparison=None) -> dict:
     """Write the HTML report of dissection `d` (run_dirs: the ones it came from, for key
-    samples, connections and agent counters) to `path`; returns the view model."""
-    m = build_model(d, run_dirs)
+    samples, connections and agent counters; sel: its reports.window.Selection, default its
+    steady state; comparison: reports.compare's, for --baseline) to `path`; returns the view model."""
+    m = build_model(d, run_dirs, sel)
+    if comparison is not None:
+        m["comparison"] = comparison
     text = render(m)
     try:
         Path(path).write_text(text, encoding="utf-8")
