@@ -256,7 +256,7 @@ def select(d, choice: Choice | None = None) -> Selection:
     cut = since is None and choice.skip_warmup and warm.end_s is not None
     since = warm.end_s if cut else (since if since is not None else 0.0)
     until = until if until is not None else run_s
-    if until <= since:
+    if (choice.since is not None or choice.until is not None) and until <= since:   # asked for, and empty
         raise UserError(f"the window {since:g}-{until:g} s is empty: --until must come after --since "
                         f"(the run lasts {run_s:,.1f} s)")
     in_window = known & (start_s >= since) & (start_s <= until) if (since > 0 or until < run_s) else \
