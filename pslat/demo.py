@@ -32,9 +32,10 @@ def demo(
     from probes.zmq_layout import pyzmq_libzmq
     from reports.dissect import dissect
     from reports.html import write_html
-    from reports.summary import summary
+    from reports.summary import document
     from reports.term_report import FullReport, report_console
     from reports.viewmodel import build_model
+    from reports.window import select
     from workloads.cluster.cluster import Cluster
     from workloads.psbench.launch import launch_in_cluster
     from workloads.psbench.summary import summarize, summary_table
@@ -67,8 +68,8 @@ def demo(
     console.print(summary_table(summarize(out / "psbench")))
 
     run_dirs = sorted(p for p in (out / "agent").iterdir() if p.is_dir())
-    d = dissect(run_dirs)
-    (out / "summary.json").write_text(json.dumps(summary(d), indent=1) + "\n")
-    write_html(d, out / "report.html", run_dirs)
-    console.print(FullReport(build_model(d, run_dirs)))
+    sel = select(dissect(run_dirs))   # the steady state: the start-up cut, and said
+    (out / "summary.json").write_text(json.dumps(document(sel), indent=1) + "\n")
+    write_html(sel.whole, out / "report.html", run_dirs, sel=sel)
+    console.print(FullReport(build_model(sel.whole, run_dirs, sel)))
     console.print(f"output in {out}: summary.json, report.html, agent/ (run dirs), psbench/ (ground truth)")

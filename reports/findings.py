@@ -117,7 +117,13 @@ def breakdown_findings(m: dict) -> list[str]:
         if comps:
             top = max(comps, key=comps.get)
             where = _side_host(top, b)
-            s += (f" The largest part is {top} ({pct(comps[top] / mean)} of the latency"
+            # when an unsplit group holds more than any split component, the latter is not "the largest part"
+            opaque = max(((g, v) for g, v in b["groups_us"].items()
+                          if g.removeprefix("group_") in (C.UNSPLIT, C.NETWORK_AND_REMOTE)),
+                         key=lambda x: x[1], default=(None, 0.0))
+            lead = (" Of the time that is split, the largest part is" if opaque[1] > comps[top] else
+                    " The largest part is")
+            s += (f"{lead} {top} ({pct(comps[top] / mean)} of the latency"
                   f"{', ' + where[1] if where else ''}){_below(top, b)}.")
         out.append(s)
     return out
@@ -172,12 +178,13 @@ def skew_findings(m: dict) -> list[str]:
         how = "exact (every message's keys were sampled)" if o.get("exact") else \
             f"estimated from the keys whose hash falls in {pct(o['subset_fraction'])} of the hash space"
         s = f"{op} keys: "
+        acts = "updates" if op == "push" else "reads"   # a pull reads a key; only a push updates it
         if o.get("top1_share") is not None:
-            s += f"the top 1% of keys take {pct(o['top1_share'])} of updates"
+            s += f"the top 1% of keys take {pct(o['top1_share'])} of {acts}"
             if o.get("top10_share") is not None:
                 s += f" (top 10%: {pct(o['top10_share'])})"
         elif o.get("top10_share") is not None:
-            s += f"the top 10% of keys take {pct(o['top10_share'])} of updates"
+            s += f"the top 10% of keys take {pct(o['top10_share'])} of {acts}"
         else:
             s += "too few distinct keys sampled for top-share estimates"
         if o.get("zipf_s") is not None:
@@ -396,9 +403,33 @@ def bypass_findings(m: dict[str, Any]) -> list[str]:
             for e in m.get("kernel_bypass") or ()]
 
 
+def warmup_findings(m: dict[str, Any]) -> list[str]:
+    """The start-up transient as its own finding (reports.window's rule), and what the
+    figures after it describe."""
+    w = (m.get("window") or {}).get("warmup") or {}
+    if w.get("end_s") is None:
+        return []
+    comps = [(c, v) for c, v in (w.get("excess_us") or {}).items() if c in C.COMPONENTS and v > 0]
+    total = sum(v for _, v in comps)
+    spent = ""
+    if comps and total > 0:
+        top = comps[:2]
+        spent = "; the extra time went to " + " and ".join(f"{c} ({pct(v / total)})" for c, v in top)
+        subs = [(c, v) for c, v in (w.get("excess_us") or {}).items()
+                if c in C.SUBS and v > 0 and c in C.SUBCOMPONENTS.get(top[0][0], ())]
+        if subs:
+            spent += f", mostly {subs[0][0]}: {WHY.get(subs[0][0], subs[0][0])}"
+    where = ("the figures here describe the steady state after it" if w.get("cut") else
+             "it is kept in the figures here (--skip-warmup cuts it)")
+    return [f"Warm-up: the first {w['end_s']:,.1f} s held {pct(w['share_of_time'])} of all request time with "
+            f"{pct(w['share_of_requests'])} of the requests (mean end-to-end {us(w['mean_us'])} against "
+            f"{us(w['steady_mean_us'])} after){spent}: the job's start-up (connections, first touches of its "
+            f"tables, threads waking); {where}."]
+
+
 def findings(m: dict[str, Any]) -> list[str]:
-    out = breakdown_findings(m)
-    if not out:
-        out.append("No request had both its ends measured on the worker: nothing to break down.")
-    return (out + concurrency_findings(m) + connection_findings(m) + skew_findings(m) + clock_findings(m)
+    main = breakdown_findings(m)
+    if not main:
+        main.append("No request had both its ends measured on the worker: nothing to break down.")
+    return (warmup_findings(m) + main + concurrency_findings(m) + connection_findings(m) + skew_findings(m) + clock_findings(m)
             + health_findings(m) + bypass_findings(m) + unrecognised_findings(m) + gap_findings(m))

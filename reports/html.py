@@ -131,8 +131,12 @@ def _help(text: str) -> str:
 # ---------------------------------------------------------------- sections
 
 def sec_findings(p: Page, m: dict) -> None:
+    from reports.runfacts import lines
+
+    facts = "".join(f'<p class="muted">{esc(x)}</p>' for x in (lines(m["run"]) if m.get("run") else []))
+    window = f'<p><b>{esc(m["window"]["text"])}</b></p>' if m.get("window") else ""
     items = "".join(f"<li>{esc(f)}</li>" for f in m["findings"])
-    p.add(f'<section id="findings"><h2>Findings</h2><ul class="findings">{items}</ul></section>')
+    p.add(f'<section id="findings"><h2>Findings</h2>{facts}{window}<ul class="findings">{items}</ul></section>')
 
 
 def _stat_row(label: str, st: dict | None, contrib: float | None, mean: float | None) -> list:
@@ -451,17 +455,27 @@ def render(m: dict) -> str:
     subtitle = (f"{len(s['hosts'])} hosts ({', '.join(s['hosts'])}); {s['requests']:,} requests paired; ops: "
                 f"{', '.join(s['by_op']) or 'none'}")
     nav = "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t in SECTIONS)
-    values = {"TITLE": esc(f"pslat report: {', '.join(s['hosts'])}"), "SUBTITLE": esc(subtitle), "NAV": nav,
+    run = m.get("run") or {}
+    when = f", {run['start_utc'].replace('T', ' ')[:19]} UTC" if run.get("start_utc") else ""
+    dur = f", {run['duration_s']:,.1f} s" if run.get("duration_s") else ""
+    n = len(s["hosts"])
+    title = f"pslat report: {'/'.join(s['by_op']) or 'no requests'} on {n} host{'s' if n != 1 else ''}{when}{dur}"
+    if m.get("window"):
+        subtitle = f"{subtitle}; {m['window']['text']}"
+    values = {"TITLE": esc(title), "SUBTITLE": esc(subtitle), "NAV": nav,
               "BODY": "\n".join(p.parts), "DATA": script_json({"figures": p.figures}),
               "PLOTLYJS": get_plotlyjs().replace("</script", "<\\/script")}
     # one pass: text put in is never scanned again (a host may be named "@@DATA@@")
     return _PLACEHOLDER.sub(lambda mo: values[mo.group(1)], PAGE)
 
 
-def write_html(d, path: Path, run_dirs: list[Path] | None = None) -> dict:
+def write_html(d, path: Path, run_dirs: list[Path] | None = None, sel=None, comparison=None) -> dict:
     """Write the HTML report of dissection `d` (run_dirs: the ones it came from, for key
-    samples, connections and agent counters) to `path`; returns the view model."""
-    m = build_model(d, run_dirs)
+    samples, connections and agent counters; sel: its reports.window.Selection, default its
+    steady state; comparison: reports.compare's, for --baseline) to `path`; returns the view model."""
+    m = build_model(d, run_dirs, sel)
+    if comparison is not None:
+        m["comparison"] = comparison
     text = render(m)
     try:
         Path(path).write_text(text, encoding="utf-8")

@@ -45,16 +45,20 @@ def row(t: Table, *cells: Any, style: str | None = None) -> None:
     t.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), style=style)
 
 
-def _us(x: float | None) -> str:
+def column_unit(values_us) -> str:
+    """One unit for a column, chosen for its largest value: ms from 10 ms up, else us."""
+    top = max((abs(v) for v in values_us if v is not None), default=0.0)
+    return "ms" if top >= 10_000 else "us"
+
+
+def in_unit(x: float | None, unit: str) -> str:
     if x is None:
         return "-"
-    if abs(x) >= 10_000:
-        return f"{x / 1e3:,.1f} ms"
-    return f"{x:,.1f}"
+    return f"{x / 1e3:,.2f}" if unit == "ms" else f"{x:,.1f}"
 
 
 def _row(t: Table, label: str, st: dict | None, e2e_mean: float | None, n: int | None, total: int,
-         style: str = "") -> None:
+         style: str = "", unit: str = "us") -> None:
     if st is None:
         row(t, Text(label, style=style), "-", "-", "-", "", style="dim")
         return
@@ -62,31 +66,32 @@ def _row(t: Table, label: str, st: dict | None, e2e_mean: float | None, n: int |
         share = f"n={n:,}"   # a share of the e2e would mislead: other requests lack this one
     else:
         share = "" if not e2e_mean else f"{100 * st['mean'] / e2e_mean:.0f}%"
-    row(t, Text(label, style=style), _us(st["mean"]), _us(st["p50"]), _us(st["p99"]), share)
+    row(t, Text(label, style=style), *(in_unit(st[k], unit) for k in ("mean", "p50", "p99")), share)
 
 
 def op_table(op: str, s: dict[str, Any]) -> Table:
     t = Table(title=Text(f"{op}: {s['count']:,} requests", style="bold"), title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1))
-    t.add_column("us", min_width=28)
+    e2e = s.get("e2e_us")
+    unit = column_unit([e2e["p99"]] if e2e else [])   # the e2e p99 is the table's largest value
+    t.add_column(unit, min_width=28)
     for h in ("mean", "p50", "p99"):
         t.add_column(h, justify="right", min_width=9)
     t.add_column("of e2e", justify="right", min_width=6)
-    e2e = s.get("e2e_us")
     mean = e2e["mean"] if e2e else None
     total, counts = s["count"], s.get("counts", {})
-    _row(t, "end-to-end", e2e, None, None, total, "bold")
+    _row(t, "end-to-end", e2e, None, None, total, "bold", unit)
     for g, st in s["groups_us"].items():
-        _row(t, GROUP_LABELS.get(g, g), st, mean, counts.get(f"group_{g}"), total, "bold")
+        _row(t, GROUP_LABELS.get(g, g), st, mean, counts.get(f"group_{g}"), total, "bold", unit)
     t.add_section()
     comps, subs = s["components_us"], s["subcomponents_us"]
     for c in C.COMPONENTS:
         if c not in comps:
             continue
-        _row(t, c, comps[c], mean, counts.get(c), total)
+        _row(t, c, comps[c], mean, counts.get(c), total, unit=unit)
         for sub in C.SUBCOMPONENTS.get(c, ()):
             if sub in subs:
-                _row(t, f"  {sub}", subs[sub], mean, counts.get(sub), total, "dim")
+                _row(t, f"  {sub}", subs[sub], mean, counts.get(sub), total, "dim", unit)
     return t
 
 
@@ -97,22 +102,24 @@ def clock_table(clock: dict[str, Any]) -> Table:
                  ("+- us", "right"), ("samples", "right")):
         t.add_column(h, justify=j)
     for key, c in clock.items():
-        row(t, key, c["source"], _us(c["offset_us"]),
+        row(t, key, c["source"], in_unit(c["offset_us"], "us"),
                   "-" if c["drift_ppm"] is None else f"{c['drift_ppm']:.2f}",
-                  _us(c["uncertainty_us"]), f"{c.get('samples', 0):,}")
+                  in_unit(c["uncertainty_us"], "us"), f"{c.get('samples', 0):,}")
     return t
 
 
 def _by_host(title: str, by: dict[str, Any]) -> Table:
     t = Table(title=Text(title, style="bold"), title_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False, show_edge=False, padding=(0, 1))
+    unit = column_unit([(b["e2e_us"] or {}).get("p99") for b in by.values()])
     t.add_column("host")
-    for h in ("count", "e2e p50", "e2e p99", "host p50", "nic p50", "wire p50"):
+    for h in ("count", f"e2e p50 {unit}", f"e2e p99 {unit}", f"host p50 {unit}", f"nic p50 {unit}",
+              f"wire p50 {unit}"):
         t.add_column(h, justify="right")
     for host, b in by.items():
         e2e, g = b["e2e_us"] or {}, b["groups_us"]
-        row(t, host, f"{b['count']:,}", _us(e2e.get("p50")), _us(e2e.get("p99")),
-                  *(_us((g.get(k) or {}).get("p50")) for k in ("host", "nic", "wire")))
+        row(t, host, f"{b['count']:,}", in_unit(e2e.get("p50"), unit), in_unit(e2e.get("p99"), unit),
+                  *(in_unit((g.get(k) or {}).get("p50"), unit) for k in ("host", "nic", "wire")))
     return t
 
 
@@ -126,7 +133,8 @@ class SummaryView:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         s = self.s
         u = s["unmatched"]
-        yield Text.assemble(("pslat report", "bold"), f": {len(s['hosts'])} hosts ({', '.join(s['hosts'])}); "
+        n = len(s["hosts"])
+        yield Text.assemble(("pslat report", "bold"), f": {n} host{'s' if n != 1 else ''} ({', '.join(s['hosts'])}); "
                             f"{s['requests']:,} requests paired; without response "
                             f"{u['requests_without_response']:,}, responses without request "
                             f"{u['messages_without_request']:,}, messages without ids "

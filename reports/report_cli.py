@@ -77,17 +77,49 @@ def report(
     protocols: Annotated[Optional[List[str]], typer.Option(
         "--protocol", help="PORT=NAME: captured connections with an end on PORT speak protocol NAME (else "
         "told from their bytes)", rich_help_panel="Captures", show_default=False)] = None,
+    since: Annotated[Optional[str], typer.Option(
+        "--since", help="the window starts here: seconds from the run's start (2.5) or a UTC time (12:30:05, "
+        "2026-12-04T12:30:05Z)", rich_help_panel="Window", show_default=False)] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="the window ends here (as --since)",
+                                                 rich_help_panel="Window", show_default=False)] = None,
+    skip_warmup: Annotated[bool, typer.Option(
+        "--skip-warmup/--keep-warmup", help="cut the start-up transient the data shows (docs/reports.md says "
+        "the rule; the report says what it cut)", rich_help_panel="Window")] = True,
+    ops: Annotated[Optional[List[str]], typer.Option("--op", help="only this op (repeat for more)",
+                                                     rich_help_panel="Window", show_default=False)] = None,
+    hosts: Annotated[Optional[List[str]], typer.Option("--host", help="only requests with an end on this host",
+                                                       rich_help_panel="Window", show_default=False)] = None,
+    servers: Annotated[Optional[List[str]], typer.Option("--server", help="only requests to this server host",
+                                                         rich_help_panel="Window", show_default=False)] = None,
+    workers: Annotated[Optional[List[str]], typer.Option("--worker", help="only requests from this worker host",
+                                                         rich_help_panel="Window", show_default=False)] = None,
+    max_requests: Annotated[int, typer.Option(
+        "--max-requests", min=1, help="trace format: at most this many requests, the window's first",
+        rich_help_panel="Window")] = 20_000,
+    baseline: Annotated[Optional[List[Path]], typer.Option(
+        "--baseline", help="run dirs of an earlier run (repeat for each): print and plot each component's "
+        "change from it (p50, p99, share), windowed and filtered as this run", rich_help_panel="Compare",
+        show_default=False)] = None,
 ) -> None:
     """Pair both ends of every push/pull across hosts and split its latency into host, NIC and wire."""
     from reports.dissect import dissect
+    from reports.window import Choice, select
 
     if clocks not in ("auto", "estimate"):
         raise UserError(f"--clocks {clocks}: give auto or estimate")
     fmt = pick_format(fmt, output)
+    if baseline and fmt in ("trace", "parquet", "csv"):
+        raise UserError(f"--baseline compares summaries: give --format term, json or html, not {fmt}")
+    choice = Choice(since=since, until=until, skip_warmup=skip_warmup, ops=list(ops or []),
+                    hosts=list(hosts or []), servers=list(servers or []), workers=list(workers or []))
+    base = None
+    if baseline:
+        with captured_run_dirs(list(baseline), [], protocols or []) as (bdirs, _):
+            base = select(dissect(bdirs, force_estimate=clocks == "estimate"), choice)
     with captured_run_dirs(list(run_dirs or []), captures or [], protocols or []) as (dirs, problems):
         d = dissect(dirs, force_estimate=clocks == "estimate")
         d.problems[:0] = problems
-        _render(d, dirs, fmt, output)
+        _render(select(d, choice), dirs, fmt, output, base, max_requests)
 
 
 @contextmanager
@@ -114,32 +146,46 @@ def captured_run_dirs(paths: list[Path], captures: list[str], protocols: list[st
         yield [p for p in paths if not p.is_file()] + made, problems
 
 
-def _render(d, dirs: list[Path], fmt: str, output: Path | None) -> None:
-    from reports.summary import summary
+def _render(sel, dirs: list[Path], fmt: str, output: Path | None, base=None, max_requests: int = 20_000) -> None:
+    """sel: this run's reports.window.Selection; base: the baseline's (--baseline), or None."""
+    from reports.compare import CompareView, comparison
+    from reports.summary import document
     from reports.term_report import FullReport, report_console
     from reports.viewmodel import build_model
 
+    d = sel.window
+    cmp = comparison(base, sel) if base is not None else None
+
+    def term(console):
+        console.print(FullReport(build_model(sel.whole, dirs, sel)))
+        if cmp is not None:
+            console.print(CompareView(cmp))
+
     if fmt == "term" and output is None:
-        report_console().print(FullReport(build_model(d, dirs)))
+        term(report_console())
         return
     for p in d.problems:   # the screen view shows them; a file does not reach the user's eyes
         print(f"pslat report: warning: {safe_text(p)}", file=sys.stderr)   # they name what run dirs hold
     if fmt == "json":
-        text = json.dumps(summary(d), indent=1) + "\n"
+        doc = document(sel)
+        if cmp is not None:
+            doc["baseline"] = cmp
+        text = json.dumps(doc, indent=1) + "\n"
         if output is None:
             sys.stdout.write(text)
             return
         _write(output, lambda f: f.write(text))
     elif fmt == "term":
-        _write(output, lambda f: report_console(f).print(FullReport(build_model(d, dirs))))
+        _write(output, lambda f: term(report_console(f)))
     elif fmt == "html":
         from reports.html import write_html
-        _guard_write(output, lambda: write_html(d, output, dirs))
+        _guard_write(output, lambda: write_html(sel.whole, output, dirs, sel=sel, comparison=cmp))
     elif fmt == "trace":
         from reports.trace import write_trace
-        _guard_write(output, lambda: write_trace(d, output, dirs))
-    else:
-        table = request_table(d.requests)
+        _guard_write(output, lambda: write_trace(d, output, dirs, max_requests))
+    else:   # every request of the (filtered) run, marked in the window or not
+        table = request_table(sel.whole.requests)
+        table["in_window"] = sel.whole.requests.index.isin(d.requests.index)
         if fmt == "csv":
             _write(output, lambda f: table.to_csv(f, index=False))
         else:

@@ -168,3 +168,40 @@ def summary(d: Dissection, other: dict[str, Any] | None = None) -> dict[str, Any
         "notes": list(d.notes),
         "problems": list(d.problems),
     }, d.sampling_rate)
+
+
+FORMAT_VERSION = 2   # 1: no format_version, run, window or windowed (the whole run's fields only)
+
+
+def windowed(d: Dissection, duration_s: float | None) -> dict[str, Any]:
+    """The window's figures: the same statistics as the whole run's `by_op`, over the
+    window's requests (reports.window), counts scaled as the whole run's are."""
+    done = d.complete
+    ops = sorted(done["op"].dropna().unique(), key=lambda o: (o not in ("pull", "push"), o))
+    rows = {op: np.flatnonzero((done["op"] == op).to_numpy(dtype=bool, na_value=False)) for op in ops}
+    out = scaled({"requests": int(len(d.requests)),
+                  "by_op": {op: op_summary(Columns(done, rows[op])) for op in ops}}, d.sampling_rate)
+    out["rate_per_s"] = {op: round(o["count"] / duration_s, 3) for op, o in out["by_op"].items()} \
+        if duration_s else {}
+    out["negative_components"] = negatives(done)
+    return out
+
+
+def document(sel, other: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON summary as `pslat report -f json` writes it: the whole run's figures (the
+    fields of format 1, same meaning, filters applied), then what the report's window holds."""
+    from reports.runfacts import RUN_KEYS, run_facts
+
+    facts = run_facts(sel)
+    s = {"format_version": FORMAT_VERSION, **summary(sel.whole, other)}
+    s["run"] = {k: facts[k] for k in RUN_KEYS}
+    s["window"] = sel.info.to_json()
+    span = sel.info.until_s - sel.info.since_s
+    s["windowed"] = windowed(sel.window, span if span > 0 else None)
+    # beyond the contract: the rest of the facts, the rule's verdict, the filters
+    s["run_facts"] = {k: v for k, v in facts.items() if k not in RUN_KEYS}
+    w = sel.info.warmup
+    s["warmup"] = {"detected_s": w.end_s, "why": w.why, "rule": sel.info.rule, "requests": w.requests,
+                   "share_of_requests": round(w.share_of_requests, 4), "share_of_time": round(w.share_of_time, 4)}
+    s["filters"] = sel.info.filters
+    return s

@@ -19,8 +19,8 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from reports.findings import pct, us
-from reports.render_term import SummaryView, row, shown
+from reports.findings import pct
+from reports.render_term import SummaryView, column_unit, in_unit, row, shown
 
 MAX_CLOCK_ROWS = 12
 WIDTH_COLUMNS = 100   # what the report is laid out for
@@ -53,6 +53,18 @@ def bullets(lines: list[str]) -> Table:
     return g
 
 
+def facts_view(m: dict) -> list:
+    """What the report covers: the run's facts and the window, before anything else."""
+    from reports.runfacts import lines
+
+    out = [Text(line) for line in lines(m["run"])] if m.get("run") else []
+    if m.get("window"):
+        out.append(Text(m["window"]["text"], style="bold"))
+        w = m["window"]["warmup"]
+        out.append(Text(f"warm-up rule: {m['window']['rule']}; here: {w['why']}", style="dim"))
+    return out
+
+
 def findings_view(m: dict) -> list:
     return [Text("findings", style="bold"), bullets(m["findings"])]
 
@@ -60,12 +72,16 @@ def findings_view(m: dict) -> list:
 def concurrency_view(m: dict) -> list:
     out = []
     for op, per in m["concurrency"].items():
+        rows = per["server"]["by_conns"]
+        keys = ("e2e_p50_us", "e2e_p99_us", "sock_wait_us", "runq_wait_us", "busy_wait_us")
+        units = {k: column_unit([r[k] for r in rows]) for k in keys}   # one unit per column
         t = _table(f"{op}: latency by connections in flight in the server process (1 = alone)",
-                   [("in flight", "right"), ("requests", "right"), ("e2e p50", "right"), ("e2e p99", "right"),
-                    ("sock wait", "right"), ("run-queue", "right"), ("busy elsewhere", "right")])
-        for r in per["server"]["by_conns"]:
-            row(t, f"{r['conns']}{'+' if r['pooled'] else ''}", f"{r['requests']:,}", us(r["e2e_p50_us"]),
-                      us(r["e2e_p99_us"]), us(r["sock_wait_us"]), us(r["runq_wait_us"]), us(r["busy_wait_us"]))
+                   [("in flight", "right"), ("requests", "right")]
+                   + [(f"{name} {units[k]}", "right") for name, k in
+                      zip(("e2e p50", "e2e p99", "sock wait", "run-queue", "busy elsewhere"), keys)])
+        for r in rows:
+            row(t, f"{r['conns']}{'+' if r['pooled'] else ''}", f"{r['requests']:,}",
+                *(in_unit(r[k], units[k]) for k in keys))
         if t.row_count:
             out.append(t)
         w = per["worker"]["by_conns"]
@@ -82,15 +98,17 @@ def connections_view(m: dict) -> list:
                 f"{pct(cw['share_of_request_time'])} of request time")
     if not c.get("traced"):
         return [Text("connection management", style="bold"), line, Text(c["why"])]
+    vals = {k: [(h[src] or {}).get(q) for h in c["hosts"]] for k, src, q in
+            (("hs50", "handshake_us", "p50"), ("hs99", "handshake_us", "p99"), ("aw50", "accept_wait_us", "p50"))}
+    u = {k: column_unit(v) for k, v in vals.items()}
     t = _table("connection management (the agents' connections table)",
                [("host", "left"), ("connects", "right"), ("accepts", "right"), ("closes", "right"),
-                ("failed", "right"), ("retrans", "right"), ("handshake p50", "right"), ("p99", "right"),
-                ("accept wait p50", "right")])
-    for h in c["hosts"]:
-        hs, aw = h["handshake_us"] or {}, h["accept_wait_us"] or {}
+                ("failed", "right"), ("retrans", "right"), (f"handshake p50 {u['hs50']}", "right"),
+                (f"p99 {u['hs99']}", "right"), (f"accept wait p50 {u['aw50']}", "right")])
+    for i, h in enumerate(c["hosts"]):
         row(t, h["host"], f"{h['connects']:,}", f"{h['accepts']:,}", f"{h['closes']:,}",
-                  f"{h['connect_failures']:,}", f"{h['retransmits']:,}", us(hs.get("p50")), us(hs.get("p99")),
-                  us(aw.get("p50")))
+                  f"{h['connect_failures']:,}", f"{h['retransmits']:,}",
+                  *(in_unit(vals[k][i], u[k]) for k in ("hs50", "hs99", "aw50")))
     return [t, line]
 
 
@@ -124,10 +142,14 @@ def clocks_view(m: dict) -> list:
         return []
     if not rows:
         return [Text("clocks: every host pair shares one clock: the wire split is exact")]
+    shown_rows = rows[:MAX_CLOCK_ROWS]
+    ua = column_unit([r["uncertainty_us"] for r in shown_rows])
+    ub = column_unit([r.get("wire_req_mean_us") for r in shown_rows])
     t = _table("clocks and the wire split (widest uncertainty first)",
-               [("A~B", "left"), ("source", "left"), ("wire_req/resp each +-", "right"), ("mean wire_req", "right")])
-    for r in rows[:MAX_CLOCK_ROWS]:
-        row(t, r["pair"], r["source"], us(r["uncertainty_us"]), us(r.get("wire_req_mean_us")))
+               [("A~B", "left"), ("source", "left"), (f"wire_req/resp each +- {ua}", "right"),
+                (f"mean wire_req {ub}", "right")])
+    for r in shown_rows:
+        row(t, r["pair"], r["source"], in_unit(r["uncertainty_us"], ua), in_unit(r.get("wire_req_mean_us"), ub))
     out: list = [t]
     if len(rows) > MAX_CLOCK_ROWS:
         out.append(Text(f"({len(rows) - MAX_CLOCK_ROWS} more pairs in the JSON/HTML report)"))
@@ -161,6 +183,10 @@ class FullReport:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         m = self.m
+        facts = facts_view(m)
+        if facts:
+            yield from facts
+            yield Text("")
         yield from findings_view(m)
         yield Text("")
         yield SummaryView(m["summary"])

@@ -105,10 +105,12 @@ def cdfs(done: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def over_time(done: pd.DataFrame, start_ref: np.ndarray) -> dict[str, Any]:
+def over_time(done: pd.DataFrame, start_ref: np.ndarray, t0_ref_ns: int | None = None) -> dict[str, Any]:
+    """Per time bin of the whole run (from t0_ref_ns, the run's start, when given)."""
     if len(done) == 0:
         return {}
-    t0, t1 = int(start_ref.min()), int(start_ref.max())
+    t0 = int(start_ref.min()) if t0_ref_ns is None else min(int(t0_ref_ns), int(start_ref.min()))
+    t1 = int(start_ref.max())
     edges = np.linspace(t0, max(t1, t0 + 1), TIME_BINS + 1)
     b = np.clip(np.searchsorted(edges, start_ref, side="right") - 1, 0, TIME_BINS - 1)
     out: dict[str, Any] = {"t_s": [round(float((e - t0) / 1e9), 4) for e in (edges[:-1] + edges[1:]) / 2],
@@ -135,6 +137,22 @@ def over_time(done: pd.DataFrame, start_ref: np.ndarray) -> dict[str, Any]:
             rec["e2e_p99_us"].append(p99)
         out["ops"][op] = rec
     return out
+
+
+def warmup_excess(done: pd.DataFrame, start_ref: np.ndarray, t0_ref_ns: int | None,
+                  end_s: float | None) -> dict[str, float]:
+    """Per component, how much more it took per request in the warm-up than after it (mean
+    contribution, us; the largest first): what the start-up's extra time was spent on."""
+    if end_s is None or t0_ref_ns is None or len(done) == 0:
+        return {}
+    inside = (start_ref - t0_ref_ns) / 1e9 < end_s
+    if inside.all() or not inside.any():
+        return {}
+    cols = Columns(done)
+    a = _contrib_us(cols.sub(np.flatnonzero(inside)), C.COMPONENTS + C.SUBS)
+    b = _contrib_us(cols.sub(np.flatnonzero(~inside)), C.COMPONENTS + C.SUBS)
+    out = {c: a[c] - b.get(c, 0.0) for c in a}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def clocks(d, ctx: RunContext, done: pd.DataFrame) -> list[dict[str, Any]]:
@@ -206,21 +224,37 @@ def kernel_bypass(ctx: RunContext) -> list[dict[str, Any]]:
             for e in meta.get("kernel_bypass") or ()]
 
 
-def build_model(d, run_dirs: list[Path] | None) -> dict[str, Any]:
+def build_model(d, run_dirs: list[Path] | None, sel=None) -> dict[str, Any]:
+    """sel: a reports.window.Selection of d (default: its steady state, no filters). The
+    views describe its window; the over-time charts show the whole run, the window marked."""
     from reports.findings import findings, run_traffic_gaps
+    from reports.runfacts import run_facts
+    from reports.window import select
 
+    sel = sel if sel is not None else select(d)
+    whole, d = sel.whole, sel.window
     ctx = RunContext.open(run_dirs, d)
     done = d.complete
-    start_ref, _ = request_times_ref(done, ctx.timeline) if len(done) else (np.zeros(0, np.int64), None)
+    whole_done = whole.complete
+    start_ref, _ = request_times_ref(whole_done, ctx.timeline) if len(whole_done) else (np.zeros(0, np.int64), None)
     other = unrecognised(d.dirs)
+    w = sel.info.warmup
     m: dict[str, Any] = {
+        "run": run_facts(sel),
+        "window": {**sel.info.to_json(), "run_s": sel.info.run_s, "text": sel.info.describe(),
+                   "filters": sel.info.filters, "rule": sel.info.rule,
+                   "warmup": {"end_s": w.end_s, "why": w.why, "requests": w.requests,
+                              "share_of_requests": w.share_of_requests, "share_of_time": w.share_of_time,
+                              "mean_us": w.mean_us, "steady_mean_us": w.steady_mean_us,
+                              "cut": sel.info.warmup_cut,
+                              "excess_us": warmup_excess(whole_done, start_ref, sel.t0_ref_ns, w.end_s)}},
         "summary": summary(d, other),
         "unrecognised": other,
         "hosts": list(d.hosts),
         "timeline": {"ref": ctx.timeline.ref, "unaligned": ctx.timeline.unaligned},
         "breakdown": breakdown(done),
         "cdf": cdfs(done),
-        "over_time": over_time(done, start_ref),
+        "over_time": over_time(whole_done, start_ref, sel.t0_ref_ns),
         "concurrency": concurrency(d, ctx.timeline),
         "connections": connection_management(d, ctx),
         "skew": key_skew(ctx),
