@@ -47,7 +47,10 @@ def agent(
     record: Optional[Path] = typer.Option(None, "--record", help="also save the raw events to FILE",
                                           rich_help_panel="Output"),
     replay: Optional[Path] = typer.Option(None, "--replay", help="decode a --record FILE instead of "
-                                          "tracing (no root needed)"),
+                                          "tracing (no root needed); with --listen, then serve what it "
+                                          "gave until Ctrl-C/SIGTERM/--duration"),
+    pace: bool = typer.Option(False, "--pace", help="with --replay: feed the events at the pace they were "
+                              "recorded (gaps over 1 s cut to 1 s), so /metrics rates look live"),
     print_bpf: bool = typer.Option(False, "--print-bpf", help="print the BPF program and exit"),
     netstack: bool = typer.Option(True, "--netstack/--no-netstack", help="also probe the kernel network "
                                   "stack (segment, window, scheduler and connection times)"),
@@ -82,7 +85,7 @@ def agent(
                                              help="kernel ring buffers' size in pages (tests: flood the agent)"),
 ) -> None:
     """Trace every message of the selected processes, with its per-stage times."""
-    from agent.daemon import AgentOptions, replay as do_replay, run_live
+    from agent.daemon import AgentOptions, replay as do_replay, replay_and_serve, run_live
     from parsers.registry import parse_forced
 
     try:
@@ -107,13 +110,19 @@ def agent(
     if listen is not None:
         from agent.http import parse_listen
         parse_listen(listen)   # a bad address fails before any probe is compiled
+    if pace and replay is None:
+        raise UserError("--pace sets the speed of a --replay; give --replay FILE")
     if replay is not None:
-        if pid or comm or netns or port or lib or record or print_bpf or listen or sample_rate is not None \
+        if pid or comm or netns or port or lib or record or print_bpf or sample_rate is not None \
                 or cpu_budget is not None:
-            raise UserError("--replay decodes what a recording holds; leave out the filters, --record, --listen, "
+            raise UserError("--replay decodes what a recording holds; leave out the filters, --record, "
                             "--sample-rate, --cpu-budget and --print-bpf")
+        if listen is not None:   # serve the replayed totals until Ctrl-C/SIGTERM/--duration
+            with _nothing_left_behind(out):
+                replay_and_serve(replay, out, listen, duration, protocols=protocols or None, paced=pace)
+            return
         with _nothing_left_behind(out):
-            pipeline, elapsed = do_replay(replay, out, protocols=protocols or None)
+            pipeline, elapsed = do_replay(replay, out, protocols=protocols or None, paced=pace)
         n = sum(pipeline.events.values())
         rows = ", ".join(f"{h}: {k} messages" for h, k in sorted(pipeline.rows.items())) or "no messages"
         typer.echo(f"replayed {n} events in {elapsed:.2f} s ({n / max(elapsed, 1e-9):,.0f} events/s); {rows}; "

@@ -16,6 +16,7 @@ import json
 import math
 import resource
 import signal
+import threading
 import time
 import traceback
 import uuid
@@ -607,11 +608,41 @@ def _recorded_protocols(header: dict) -> dict[int, str]:
         return {}
 
 
+PACE_GAP_MAX_S = 1.0   # a paced replay waits at most this between two watermarks (the recording's
+                       # first gap is the probes' compile time, seconds with no traffic)
+
+
+def _paced(handle: Callable[[str, bytes], None], gap_max_s: float = PACE_GAP_MAX_S) -> Callable[[str, bytes], None]:
+    """handle, held back at each recorded watermark until as much time has passed since the first
+    as the recording says (each gap cut to gap_max_s): the traffic comes at the rate it was traced."""
+    state = {"due": None, "wm": None}
+
+    def paced(probe: str, raw: bytes) -> None:
+        if probe == NOTE_PROBE and raw.startswith(b'{"watermark_ns"'):
+            try:
+                wm = int(json.loads(raw)["watermark_ns"])
+            except (ValueError, KeyError, TypeError):
+                wm = None   # the decoders count it; pacing just skips it
+            if wm is not None:
+                now = time.monotonic()
+                if state["wm"] is None:
+                    state["due"] = now
+                elif wm > state["wm"]:
+                    state["due"] += min(gap_max_s, (wm - state["wm"]) / 1e9)
+                    if state["due"] > now:
+                        time.sleep(state["due"] - now)
+                state["wm"] = max(wm, state["wm"] or wm)
+        handle(probe, raw)
+    return paced
+
+
 def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
-           live=None, protocols: dict | None = None, walked: bool = True) -> tuple[Pipeline, float]:
+           live=None, protocols: dict | None = None, walked: bool = True,
+           paced: bool = False) -> tuple[Pipeline, float]:
     """A recording through the live decoders; returns the pipeline and the seconds it took.
     live: an agent.live.LiveAggregates to feed as the live agent would; protocols: as
-    AgentOptions.protocols (default: the recording's own); walked: as StreamDecoder's."""
+    AgentOptions.protocols (default: the recording's own); walked: as StreamDecoder's;
+    paced: at the recorded pace (_paced), for live views of it."""
     src = ReplaySource(path)   # a bad recording is refused before --out is made
     check_out(out)
     h = src.header
@@ -628,9 +659,39 @@ def replay(path: Path, out: Path, shard_interval_s: float = SHARD_INTERVAL_S,
     pipeline.live = live
     t0 = time.perf_counter()
     c0 = time.process_time()
-    src.run(pipeline.handle)
+    src.run(_paced(pipeline.handle) if paced else pipeline.handle)
     pipeline.correlator.close()
     pipeline.cpu_s = time.process_time() - c0
     elapsed = time.perf_counter() - t0
     pipeline.close()
     return pipeline, elapsed
+
+
+def replay_and_serve(path: Path, out: Path, listen: str, duration_s: float | None = None,
+                     protocols: dict | None = None, log: Callable[[str], None] | None = None,
+                     paced: bool = False) -> Pipeline:
+    """A recording through the live decoders into live aggregates, then served on `listen` as a
+    live agent serves them (/metrics, /snapshot.json) until SIGINT/SIGTERM or duration_s: a
+    dashboard or `pslat top` tried on recorded traffic, without root. Bound before the replay, so
+    a port in use fails before any work and "serving" means the totals are complete."""
+    from agent.http import serve
+    from agent.live import LiveAggregates
+
+    log = log or (lambda m: say("pslat agent", m))
+    live = LiveAggregates()
+    stopped = threading.Event()
+    server = serve(listen, live)
+    log(f"serving live aggregates on http://{server.address}/metrics and /snapshot.json; replaying "
+        f"{path.name}{' at its recorded pace' if paced else ''}")
+    old = {s: signal.signal(s, lambda *_: stopped.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        pipeline, elapsed = replay(path, out, live=live, protocols=protocols, paced=paced)
+        live.tick(pipeline.probe_counters, sum(pipeline.events.values()))
+        log(f"replayed {sum(pipeline.events.values())} events in {elapsed:.2f} s; serving what they gave "
+            "until Ctrl-C")
+        stopped.wait(duration_s)
+    finally:
+        server.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return pipeline

@@ -21,7 +21,7 @@ connection; each page is rendered at most once per CACHE_S, so scrapes at any
 rate cost the agent a cached copy; past MAX_REQUESTS_PER_S (over all clients,
 with a burst as large) a request gets a 429, so a client asking flat out cannot
 keep the endpoint's thread, and with it the agent's GIL, busy. Connections closed without an answer are
-counted by reason in pslat_http_connections_dropped.
+counted by reason in pslat_http_connections_dropped_total.
 """
 from __future__ import annotations
 
@@ -37,11 +37,14 @@ from http import HTTPStatus
 from typing import Callable
 
 from core.errors import UserError
-from agent.live import EDGES_NS, PER_DECADE, LiveAggregates
+from agent.live import EDGES_NS, PARENT_OF, PER_DECADE, LiveAggregates, cpu_seconds_self
 
 DEFAULT_LISTEN = "127.0.0.1:9465"
-# Prometheus buckets: every 4th live edge (1 us .. 10 s, x3.16 apart): exact cumulative counts of the live histogram
-PROM_EDGE_IDX = list(range(0, len(EDGES_NS), PER_DECADE // 2))
+# Prometheus buckets, 1 us .. 10 s, at live edges (so their counts are exact): every edge (12 a decade,
+# 21% apart: histogram_quantile within 21%) for end-to-end and the groups; every 3rd (4 a decade, x1.78)
+# for components and sub-components, which are many: docs/metrics.md counts the series
+FINE_EDGE_IDX = list(range(len(EDGES_NS)))
+COARSE_EDGE_IDX = list(range(0, len(EDGES_NS), PER_DECADE // 4))
 MAX_CONNECTIONS = 64        # open at once: a Prometheus server or two and a few `pslat top`s need far fewer
 HEADER_TIMEOUT_S = 2.0      # accept to the end of the request headers (a scraper sends them at once)
 REQUEST_TIMEOUT_S = 10.0    # accept to the answer's last byte sent (snapshots of big jobs are MBs)
@@ -68,45 +71,72 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, p
 
 
+def _buckets(counts: dict[int, int], edge_idx: list[int]) -> list[tuple[str, int]]:
+    """Cumulative (le, count) pairs at these live edges (exact: every edge is a live bucket's)."""
+    out, cum, it = [], 0, iter(sorted(counts.items()))
+    pending = next(it, None)
+    for i in edge_idx:
+        while pending is not None and pending[0] <= i:
+            cum += pending[1]
+            pending = next(it, None)
+        out.append((f"{EDGES_NS[i] / 1e9:.9g}", cum))
+    return out + [("+Inf", sum(counts.values()))]
+
+
 def registry_for(live: LiveAggregates, http_dropped: Callable[[], dict[str, int]] | None = None):
-    """A CollectorRegistry of our own exposing `live` (and the endpoint's own drops, when given)."""
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+    """A CollectorRegistry of our own exposing `live`, the agent's process_* metrics and the
+    endpoint's own drops (when given). docs/metrics.md lists every metric: keep it current."""
+    from prometheus_client import CollectorRegistry, ProcessCollector
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, \
+        InfoMetricFamily
+
+    from agent.sources import agent_version
+
+    version = agent_version()
 
     class Collector:
         def collect(self):
             with live.lock:
-                totals = {g: {c: (dict(h.counts), h.sum_ns) for c, h in hs.items()} for g, hs in live.totals.items()}
+                totals = {g: {c: dict(h.counts) for c, h in hs.items()} for g, hs in live.totals.items()}
+                sums = {g: {c: h.sum_ns for c, h in hs.items()} for g, hs in live.totals.items()}
+                groups = {g: {c: (dict(h.counts), h.sum_ns) for c, h in hs.items()}
+                          for g, hs in live.group_totals.items()}
                 messages = dict(live.messages)
                 health = live._health()
                 conns = {h: len(c) for h, c in live.conns.items()}
                 opened, closed = dict(live.opened_total), dict(live.closed_total)
-            comp = HistogramMetricFamily("pslat_component_seconds", "Time of one request in one component, "
-                                         "as seen on this host (live views: each host its own components)",
-                                         labels=["host", "role", "op", "peer", "component"])
+            labels = ["host", "role", "op", "peer"]
             e2e = HistogramMetricFamily("pslat_request_seconds", "Request time on this host (client: first "
-                                        "to last stage it saw; server: its residence time)",
-                                        labels=["host", "role", "op", "peer"])
-            for (host, role, op, peer), hs in sorted(totals.items(), key=lambda kv: tuple(map(str, kv[0]))):
-                for c, (counts, sum_ns) in sorted(hs.items()):
-                    buckets, cum = [], 0
-                    for i in PROM_EDGE_IDX:
-                        cum = sum(n for b, n in counts.items() if b <= i)
-                        buckets.append((f"{EDGES_NS[i] / 1e9:.9g}", cum))
-                    buckets.append(("+Inf", sum(counts.values())))
-                    labels = [str(host), role, str(op), str(peer)]
+                                        "to last stage it saw; server: its residence time)", labels=labels)
+            grp = HistogramMetricFamily("pslat_group_seconds", "Time of one request in one group of this "
+                                        "host's components (host, nic, network_and_remote, unsplit); a "
+                                        "request's groups add up to its pslat_request_seconds",
+                                        labels=labels + ["group"])
+            comp = HistogramMetricFamily("pslat_component_seconds", "Time of one request in one component of "
+                                         "the chain, as seen on this host; a request's components add up to "
+                                         "its pslat_request_seconds", labels=labels + ["component"])
+            sub = HistogramMetricFamily("pslat_subcomponent_seconds", "Time of one request in a "
+                                        "sub-component: a part of its parent (a component or a larger "
+                                        "sub-component); those of one parent add up to at most it",
+                                        labels=labels + ["parent", "subcomponent"])
+            for key in sorted(totals, key=lambda k: tuple(map(str, k))):
+                ls = [str(x) for x in key]
+                for c, counts in sorted(totals[key].items()):
                     if c == "e2e":
-                        e2e.add_metric(labels, buckets, sum_ns / 1e9)
+                        e2e.add_metric(ls, _buckets(counts, FINE_EDGE_IDX), sums[key][c] / 1e9)
+                    elif c in PARENT_OF:
+                        sub.add_metric(ls + [PARENT_OF[c], c], _buckets(counts, COARSE_EDGE_IDX), sums[key][c] / 1e9)
                     else:
-                        comp.add_metric(labels + [c], buckets, sum_ns / 1e9)
-            yield comp
-            yield e2e
-            msg = CounterMetricFamily("pslat_messages", "protocol messages the agent recorded",
+                        comp.add_metric(ls + [c], _buckets(counts, COARSE_EDGE_IDX), sums[key][c] / 1e9)
+                for g, (counts, sum_ns) in sorted(groups.get(key, {}).items()):
+                    grp.add_metric(ls + [g], _buckets(counts, FINE_EDGE_IDX), sum_ns / 1e9)
+            yield from (e2e, grp, comp, sub)
+            msg = CounterMetricFamily("pslat_messages", "Protocol messages the agent recorded",
                                       labels=["host", "direction", "op"])
             for (h, d, op), n in sorted(messages.items(), key=lambda kv: tuple(map(str, kv[0]))):
                 msg.add_metric([str(h), str(d), str(op)], n)
             yield msg
-            lost = CounterMetricFamily("pslat_lost_events", "Events lost in the kernel (ring buffer full)",
+            lost = CounterMetricFamily("pslat_events_lost", "Events lost in the kernel (ring buffer full)",
                                        labels=["probe"])
             for p, n in health["lost"].items():
                 lost.add_metric([p], n)
@@ -125,13 +155,17 @@ def registry_for(live: LiveAggregates, http_dropped: Callable[[], dict[str, int]
                 for h, n in sorted(d.items()):
                     c.add_metric([str(h)], n)
                 yield c
-            s = GaugeMetricFamily("pslat_sampling_rate", "Share of host pairs the agent keeps (1: all)")
+            s = GaugeMetricFamily("pslat_sampling_ratio", "Share of host pairs the agent keeps (1: all)")
             s.add_metric([], health["sampling_rate"])
             yield s
-            if health["cpu_pct"] is not None:
-                cpu = GaugeMetricFamily("pslat_agent_cpu_percent", "Agent CPU over the last second (% of one core)")
-                cpu.add_metric([], health["cpu_pct"])
-                yield cpu
+            cpu = CounterMetricFamily("pslat_agent_cpu_seconds", "CPU time of the agent process, user and "
+                                      "system, all threads (the same as process_cpu_seconds_total: kept "
+                                      "under pslat_ for dashboards that select pslat_*)")
+            cpu.add_metric([], cpu_seconds_self())
+            yield cpu
+            info = InfoMetricFamily("pslat_agent", "The agent's version")
+            info.add_metric([], {"version": version})
+            yield info
             if http_dropped is not None:
                 d = CounterMetricFamily("pslat_http_connections_dropped", "Connections to this endpoint closed "
                                         "without an answer (over the cap, past a deadline, not a GET)",
@@ -142,6 +176,7 @@ def registry_for(live: LiveAggregates, http_dropped: Callable[[], dict[str, int]
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(Collector())
+    ProcessCollector(registry=reg)   # process_cpu_seconds_total, process_resident_memory_bytes, open fds ...
     return reg
 
 

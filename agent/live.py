@@ -18,8 +18,10 @@ reports.components: NIC-only joins fold into network_and_remote, any other
 join is `unsplit` (never given to one side). The split of a request across
 hosts is `pslat report`'s job, not this one's.
 
-Histograms are counts over fixed log-spaced buckets (8 per decade, 1 us to
-10 s), so the snapshots of several agents merge by adding counts. The window
+Histograms are counts over fixed log-spaced buckets (12 per decade, 1 us to
+10 s: neighbouring edges 21% apart, so a quantile read from them, here or by
+Prometheus's histogram_quantile, is within 21% of the true one), so the
+snapshots of several agents merge by adding counts. The window
 of the live view is the last WINDOW_S seconds of the rows' own times
 (CLOCK_MONOTONIC of the host), advanced by the agent's watermarks so a quiet
 job ages out; /metrics keeps totals since start.
@@ -38,8 +40,8 @@ from agent.records import service_port
 from parsers.protocol import PAIR_CONNECTION
 
 WINDOW_S = 10
-PER_DECADE = 8
-# bucket upper edges in ns: 1 us * 10^(i/8), i = 0..56 (1 us .. 10 s); one overflow bucket above
+PER_DECADE = 12
+# bucket upper edges in ns: 1 us * 10^(i/12), i = 0..84 (1 us .. 10 s); one overflow bucket above
 EDGES_NS = [round(1000 * 10 ** (i / PER_DECADE)) for i in range(7 * PER_DECADE + 1)]
 N_BUCKETS = len(EDGES_NS) + 1
 PENDING_MAX = 200_000        # unpaired request ends kept at most (a bound, not a tuning knob)
@@ -74,6 +76,10 @@ SUBS = {"client_kernel_rx": ["client_stack_rx", "client_sock_wait", "client_runq
         "server_kernel_tx": ["server_cwnd_wait", "server_rwnd_wait", "server_qdisc_wait"],
         "client_user_tx": ["client_connect_wait"],
         "server_user": ["server_framework_rx", "server_app", "server_framework_tx"]}
+# the component (or sub-component) each sub-component lies inside: runq and busy waits are the two
+# parts of sock_wait, the rest lie directly in the SUBS parent; those of one parent add up to at most it
+PARENT_OF = {sub: f"{sub.split('_')[0]}_sock_wait" if sub.endswith(("_runq_wait", "_busy_wait")) else parent
+             for parent, subs in SUBS.items() for sub in subs}
 DATA_OPS = ("push", "pull", "pushpull", "simple", "rpc", "unknown")
 
 
@@ -244,7 +250,8 @@ class LiveAggregates:
         self.now_s: int | None = None               # the window's end (seconds of the rows' clock)
         self.pending: dict[tuple, tuple[dict, int]] = {}
         self.pending_order: deque = deque()
-        self.totals: dict[tuple, dict[str, Hist]] = {}
+        self.totals: dict[tuple, dict[str, Hist]] = {}   # since start, for /metrics: "e2e" and components
+        self.group_totals: dict[tuple, dict[str, Hist]] = {}   # the same keys: {GROUPS name: Hist}, a sum per request
         self.messages: Counter = Counter()          # (host, direction, op) -> rows
         self.unpaired_expired = 0
         self.ip_hosts: dict[str, str] = {}
@@ -373,6 +380,13 @@ class LiveAggregates:
             hs.setdefault("e2e", Hist()).add(e2e)
             for c, v in comps.items():
                 hs.setdefault(c, Hist()).add(v)
+        by_group: dict[str, int] = {}
+        for c, v in comps.items():
+            if c in GROUP_OF:   # a chain component (sub-components lie inside one)
+                by_group[GROUP_OF[c]] = by_group.get(GROUP_OF[c], 0) + v
+        hs = self.group_totals.setdefault(gkey, {})
+        for grp, v in by_group.items():
+            hs.setdefault(grp, Hist()).add(v)
 
     def on_connection(self, row: dict) -> None:
         with self.lock:

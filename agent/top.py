@@ -65,6 +65,28 @@ def fmt_ns(v: float | None) -> str:
     return f"{v / 1e9:.2f}s"
 
 
+def elide_middle(name: str, width: int) -> str:
+    """name in at most width characters, its middle cut (host names differ at the end as often as
+    at the start: h-worker-17, pslat-rec-13751)."""
+    if len(name) <= width:
+        return name
+    head = width // 2
+    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
+
+
+def _apart_width(names: list[str], cap: int) -> int:
+    """The narrowest width from cap up at which no two of the names, cut in the middle, read the same."""
+    width, longest, distinct = cap, max(map(len, names), default=0), len(set(names))
+    while width < longest and len({elide_middle(n, width) for n in names}) < distinct:
+        width += 1
+    return width
+
+
+def _peer_cell(g: dict, ip_hosts: dict) -> str:
+    peer = _peer(g["peer"], ip_hosts)
+    return "self" if peer == g["host"] else safe_text(peer)
+
+
 def fmt_rate(v: float) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
@@ -159,13 +181,15 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
         budget[title], spare = 1 + extra, spare - extra
     heads = ["HOST", "ROLE", "OP", "PEER", "REQ/S"] + (["MEAN"] if wide else []) + ["P50", "P99"]
     caps = [16 if wide else 10, 4, 8, 16 if wide else 9, 8, 8, 8, 8]
+    host_names = [safe_text(g["host"]) for g in shown]
+    peer_names = [_peer_cell(g, ip_hosts) for g in shown]
+    caps[0], caps[3] = _apart_width(host_names, caps[0]), _apart_width(peer_names, caps[3])
     rows = []
-    for g in shown:
+    for g, host_name, peer_name in zip(shown, host_names, peer_names):
         e2e = g["hists"]["e2e"]
         counts = {int(i): c for i, c in e2e["counts"]}
-        peer = _peer(g["peer"], ip_hosts)
-        row = [safe_text(g["host"]), "cli" if g["role"] == "client" else "srv", safe_text(g["op"]),
-               "self" if peer == g["host"] else safe_text(peer), fmt_rate(g["rate_per_s"])]
+        row = [elide_middle(host_name, caps[0]), "cli" if g["role"] == "client" else "srv",
+               safe_text(g["op"]), elide_middle(peer_name, caps[3]), fmt_rate(g["rate_per_s"])]
         if wide:
             row.append(fmt_ns(e2e["sum_ns"] / e2e["n"] if e2e["n"] else None))
         rows.append(row + [fmt_ns(quantile_ns(counts, 0.5)), fmt_ns(quantile_ns(counts, 0.99))])

@@ -21,6 +21,7 @@ command -v apt-get >/dev/null || die "needs a Debian/Ubuntu machine (apt-get not
 PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool tshark ethtool iproute2 tcpdump
       python3-venv gcc make libc6-dev tmux procps
       chromium fonts-dejavu-core
+      prometheus   # promtool check metrics, and the dashboard test's server (tests/privileged/test_prometheus.py)
       g++ libzmq3-dev patch)   # BytePS's ps-lite (scripts/setup_byteps.sh)
 missing=()
 for p in "${PKGS[@]}"; do

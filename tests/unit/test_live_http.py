@@ -59,9 +59,9 @@ def test_metrics_parse_and_agree_with_the_live_totals(served):
     assert {"server_user", "client_user_tx", "unsplit"} <= comps
     msgs = sum(s.value for s in fams["pslat_messages"].samples if s.name == "pslat_messages_total")
     assert msgs == sum(pipeline.rows.values()) == 386
-    lost = {s.labels["probe"]: s.value for s in fams["pslat_lost_events"].samples if s.name.endswith("_total")}
+    lost = {s.labels["probe"]: s.value for s in fams["pslat_events_lost"].samples if s.name.endswith("_total")}
     assert lost == {"sockcalls": 3, "framework": 0}
-    assert fams["pslat_sampling_rate"].samples[0].value == 1.0
+    assert fams["pslat_sampling_ratio"].samples[0].value == 1.0
     assert fams["pslat_connections_open"].samples[0].value == 25
 
 

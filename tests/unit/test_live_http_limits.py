@@ -237,7 +237,7 @@ def test_the_cache_is_short():
         def lost():
             body = urllib.request.urlopen(f"http://{server.address}/metrics", timeout=5).read().decode()
             fams = {f.name: f for f in text_string_to_metric_families(body)}
-            return {s.labels["probe"]: s.value for s in fams["pslat_lost_events"].samples}
+            return {s.labels["probe"]: s.value for s in fams["pslat_events_lost"].samples}
         assert lost() == {}
         live.tick({"sockcalls": {"lost": 7}}, 0)
         t0 = time.monotonic()

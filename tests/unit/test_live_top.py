@@ -30,6 +30,10 @@ def _golden(name: str, text: str) -> None:
     assert text == path.read_text()
 
 
+def _is_host_row(line: str) -> bool:
+    return line.startswith("pslat") and not line.startswith("pslat top")
+
+
 def _fits(text: str, width: int, height: int) -> None:
     lines = text.rstrip("\n").split("\n")
     assert len(lines) <= height, len(lines)
@@ -55,7 +59,7 @@ def test_wide_terminal_gets_more_columns_and_a_longer_bar(detail):
     _fits(text, 140, 40)
     assert "MEAN" in text and "pslat-rec-13751" in text     # the full host name fits at 140
     bar_chars = "u~UkKnNS·" if detail else "█▓░·"
-    bars = [ln for ln in text.splitlines() if ln.startswith("pslat-rec")]
+    bars = [ln for ln in text.splitlines() if _is_host_row(ln)]
     assert len(bars) == 4 and all(sum(ln.count(c) for c in bar_chars) >= 60 for ln in bars)
     assert ("S server user" in text) == detail
     _golden(f"top_140{'_detail' if detail else ''}.txt", text)
@@ -68,7 +72,7 @@ def test_host_and_network_split_with_every_probe():
     snap = json.loads(SNAP_NETSTACK.read_text())
     text = render_text(snap, 80, 24)
     _fits(text, 80, 24)
-    rows = [ln.split() for ln in text.splitlines() if ln.startswith("pslat-rec")]
+    rows = [ln.split() for ln in text.splitlines() if _is_host_row(ln)]
     assert len(rows) == 4
     for row in rows:
         bar = row[-1]
@@ -80,7 +84,7 @@ def test_host_and_network_split_with_every_probe():
     _golden("top_80x24_netstack.txt", text)
     detail = render_text(snap, 140, 40, detail=True)
     _fits(detail, 140, 40)
-    bars = [ln.split()[-1] for ln in detail.splitlines() if ln.startswith("pslat-rec")]
+    bars = [ln.split()[-1] for ln in detail.splitlines() if _is_host_row(ln)]
     assert all(set("u~KU") <= set(b) for b in bars[:2]) and all(set(b) == set("KS") for b in bars[2:]), detail
     _golden("top_140_detail_netstack.txt", detail)
 
@@ -117,3 +121,15 @@ def test_bad_inputs_are_user_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pslat.cli", "top", "--snapshot", str(bad)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a pslat /snapshot.json" in r.stderr
+
+
+def test_two_agents_of_similar_names_at_80x24_read_apart():
+    """Host names are cut in the middle, never to two identical ones: pslat-rec-13751 and
+    pslat-rec-23751 differ in the middle only, so the column widens until they read apart."""
+    snap = json.loads(SNAP.read_text())
+    other = json.loads(json.dumps(snap).replace("pslat-rec-13751", "pslat-rec-23751"))
+    text = render_text(merge_snapshots([snap, other]), 80, 24)
+    _fits(text, 80, 24)
+    hosts = {ln.split()[0] for ln in text.splitlines() if _is_host_row(ln)}
+    assert len(hosts) == 2 and all("…" in h for h in hosts), hosts
+    _golden("top_80x24_two_agents.txt", text)
