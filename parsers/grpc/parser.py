@@ -432,6 +432,7 @@ class GrpcStreamParser:
         buf = self._buf
         base = self.offset - len(buf)
         n = len(buf)
+        keep = max(0, n - 8)      # a header cut by the window's end may start there
         for j in range(0, max(0, n - 8)):
             at, ok = j, 0
             while at + 9 <= n and ok < CHAIN_FRAMES:
@@ -449,12 +450,8 @@ class GrpcStreamParser:
                 self._state = _HEAD
                 self.offset = base + j
                 return rest
-            if ok and at + 9 > n and not final:
-                # a chain still going past the window's end: wait for more bytes
-                keep = j
-                break
-        else:
-            keep = max(0, n - 8)
+            if ok and at + 9 > n and at - j <= self.hunt_max_bytes and keep > j:
+                keep = j   # a chain still going past the window's end: its bytes may come
         if final:
             keep = n
         if n - keep > self.hunt_max_bytes:
