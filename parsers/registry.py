@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from parsers.brpc import BrpcStreamParser
 from parsers.brpc.framework import RecordIds as BrpcRecordIds
+from parsers.grpc import GrpcStreamParser
 from parsers.pslite import PsliteStreamParser, legacy
 from parsers.pslite import vans as byteps_vans
 from parsers.pslite.framework import PsRecordIds, ZmqRecordIds
@@ -16,7 +17,7 @@ from parsers.pslite.framework import record_facts as pslite_record_facts
 from .protocol import UNRECOGNISED
 
 # name -> parser class; detection asks them in this order
-PROTOCOLS = {p.PROTOCOL: p for p in (PsliteStreamParser, BrpcStreamParser)}
+PROTOCOLS = {p.PROTOCOL: p for p in (PsliteStreamParser, BrpcStreamParser, GrpcStreamParser)}
 NAMES = tuple(PROTOCOLS)
 
 

@@ -98,10 +98,11 @@ if [ "$(cat "$MXNET_VENV/.pslat-stamp" 2>/dev/null)" != "$MX_STAMP" ]; then
   echo "$MX_STAMP" > "$MXNET_VENV/.pslat-stamp"
 fi
 
-# 7. PaddlePaddle (brpc's parameter server), PyTorch (RPC over TensorPipe) and
+# 7. PaddlePaddle (brpc's parameter server), PyTorch (RPC over TensorPipe), TensorFlow and
 #    BytePS's ps-lite (RawMeta; built from its sdist) ------------------------------
 bash "$ROOT/scripts/setup_paddle.sh"
 bash "$ROOT/scripts/setup_torch.sh"
+bash "$ROOT/scripts/setup_tf.sh"      # TensorFlow's ParameterServerStrategy (gRPC)
 PSLAT_VENV=$VENV bash "$ROOT/scripts/setup_byteps.sh"
 
 say "ready: $VENV/bin/pslat"
