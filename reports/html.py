@@ -31,6 +31,7 @@ GROUP_COLORS = {"host": "#4c78a8", "nic": "#f58518", "wire": "#54a24b", C.NETWOR
                 C.UNSPLIT: "#9d9d9d"}
 _SHADES = {"host": ["#1f4e79", "#2e6da4", "#4c78a8", "#6f94c0", "#93b1d4", "#b6cde6", "#3a5f8a"],
            "nic": ["#c45a00", "#f58518", "#ffa64d", "#ffc285"], "wire": ["#2d7a2d", "#54a24b"]}
+TITLE_HOSTS_MAX = 4
 _PLACEHOLDER = re.compile(r"@@(TITLE|SUBTITLE|NAV|BODY|DATA|PLOTLYJS)@@")
 SECTIONS = [("findings", "Findings"), ("breakdown", "1 Breakdown"), ("distributions", "2 Distributions & time"),
             ("concurrency", "3 Concurrency"), ("connections", "4 Connections"), ("skew", "5 Key skew"),
@@ -459,7 +460,10 @@ def render(m: dict) -> str:
     when = f", {run['start_utc'].replace('T', ' ')[:19]} UTC" if run.get("start_utc") else ""
     dur = f", {run['duration_s']:,.1f} s" if run.get("duration_s") else ""
     n = len(s["hosts"])
-    title = f"pslat report: {'/'.join(s['by_op']) or 'no requests'} on {n} host{'s' if n != 1 else ''}{when}{dur}"
+    # a browser tab tells apart runs of a few named hosts by their names
+    names = f" ({', '.join(s['hosts'])})" if 0 < n <= TITLE_HOSTS_MAX else ""
+    title = (f"pslat report: {'/'.join(s['by_op']) or 'no requests'} on {n} host{'s' if n != 1 else ''}{names}"
+             f"{when}{dur}")
     if m.get("window"):
         subtitle = f"{subtitle}; {m['window']['text']}"
     values = {"TITLE": esc(title), "SUBTITLE": esc(subtitle), "NAV": nav,

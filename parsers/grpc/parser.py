@@ -22,6 +22,7 @@ table is marked incomplete (hpack_late). Nothing raises on bad input.
 """
 from __future__ import annotations
 
+import heapq
 import struct
 from dataclasses import dataclass
 
@@ -141,6 +142,7 @@ class GrpcStreamParser:
         self._frame_stream: _Stream | None = None
         self._payload_seen = 0
         self._block_too_large = False
+        self._hunt_reset()
 
     @staticmethod
     def starts_stream(prefix) -> bool | None:
@@ -221,6 +223,7 @@ class GrpcStreamParser:
 
     def _lose_sync(self) -> None:
         self._state = _HUNT
+        self._hunt_reset()
         self._buf.clear()
         self._block.clear()
         self._preface_left = 0
@@ -267,6 +270,7 @@ class GrpcStreamParser:
                     self._unparsed += self.offset - 9 + 1 - self._acct
                     self._acct = self.offset - 9 + 1
                     self._state = _HUNT
+                    self._hunt_reset()
                     self.offset -= 8
                     self._buf = bytearray()
                     self._run(memoryview(hdr[1:]))
@@ -426,38 +430,91 @@ class GrpcStreamParser:
             self.streams.pop(sid, None)
 
     # hunting
+    def _hunt_reset(self) -> None:
+        # Each start position is followed once, and again only when the bytes its chain
+        # waits for arrive: a feed costs its own bytes, not the window's (a window of
+        # hunt_max_bytes rescanned per small read was quadratic).
+        self._scan_at = 0          # the next start position (absolute offset) to try
+        self._waiting: list = []   # heap of (offset its next header ends at, start, next header, frames, CONTINUATION's stream)
+        self._starts: list = []    # heap of the waiting chains' starts, lazily cleared
+        self._live: set = set()    # the starts still waiting
+
+    def _chain(self, buf, base: int, at: int, ok: int, cont: int, end: int):
+        """Follow plausible headers from `at` (absolute): (next header's offset, frames,
+        the stream a CONTINUATION must come on, or 0), or None where the chain breaks. A
+        header block not ended must go on in a CONTINUATION of its stream (RFC 9113 6.2)."""
+        while at + 9 <= end and ok < CHAIN_FRAMES:
+            length = self._plausible(buf, at - base)
+            if length is None:
+                return None
+            t, fl, sid = buf[at - base + 3], buf[at - base + 4], FRAME_HEADER.unpack_from(buf, at - base)[4]
+            if cont and (t != CONTINUATION or sid != cont) or (ok and not cont and t == CONTINUATION):
+                return None
+            cont = sid if t in (HEADERS, PUSH_PROMISE, CONTINUATION) and not fl & END_HEADERS else 0
+            at += 9 + length
+            ok += 1
+        return at, ok, cont
+
     def _hunt(self, final: bool):
         """Bytes after a chain of CHAIN_FRAMES plausible frame headers in the window
         (from its first header on: parse them), else None and the window trimmed."""
         buf = self._buf
-        base = self.offset - len(buf)
-        n = len(buf)
-        keep = max(0, n - 8)      # a header cut by the window's end may start there
-        for j in range(0, max(0, n - 8)):
-            at, ok = j, 0
-            while at + 9 <= n and ok < CHAIN_FRAMES:
-                length = self._plausible(buf, at)
-                if length is None:
+        end = self.offset
+        base = end - len(buf)
+        waiting, live = self._waiting, self._live
+        found = None
+        still = []
+        while waiting and waiting[0][0] <= end:     # chains whose next header has arrived
+            _, j, at, ok, cont = heapq.heappop(waiting)
+            live.discard(j)
+            r = self._chain(buf, base, at, ok, cont, end)
+            if r is None:
+                continue
+            if r[1] >= CHAIN_FRAMES:
+                found = j if found is None else min(found, j)
+            else:
+                still.append((r[0] + 9, j, *r))
+        if found is None:
+            for j in range(max(self._scan_at, base), end - 8):
+                r = self._chain(buf, base, j, 0, 0, end)
+                if r is None:
+                    continue
+                if r[1] >= CHAIN_FRAMES:
+                    found = j
                     break
-                at += 9 + length
-                ok += 1
-            if ok >= CHAIN_FRAMES or (ok and at >= n and final):
-                self._unparsed += base + j - self._acct
-                self._acct = base + j
-                self._resyncs += 1
-                rest = bytes(buf[j:])
-                self._buf = bytearray()
-                self._state = _HEAD
-                self.offset = base + j
-                return rest
-            if ok and at + 9 > n and at - j <= self.hunt_max_bytes and keep > j:
-                keep = j   # a chain still going past the window's end: its bytes may come
-        if final:
-            keep = n
-        if n - keep > self.hunt_max_bytes:
-            keep = n - self.hunt_max_bytes
-        if keep:
-            del buf[:keep]
-            self._unparsed += keep
-            self._acct += keep
+                still.append((r[0] + 9, j, *r))
+            self._scan_at = max(self._scan_at, end - 8)
+        for w in still:
+            if w[2] - w[1] <= self.hunt_max_bytes:   # a chain still going past the window's end
+                heapq.heappush(waiting, w)
+                if w[1] not in live:
+                    live.add(w[1])
+                    heapq.heappush(self._starts, w[1])
+        if final:      # at the end, a chain that reaches it is believed too
+            found = min([w[1] for w in waiting if w[2] >= end] + ([found] if found is not None else []), default=None)
+        if found is not None:
+            self._unparsed += found - self._acct
+            self._acct = found
+            self._resyncs += 1
+            rest = bytes(buf[found - base:])
+            self._buf = bytearray()
+            self._state = _HEAD
+            self.offset = found
+            self._hunt_reset()
+            return rest
+        starts = self._starts
+        while starts and starts[0] not in live:
+            heapq.heappop(starts)
+        keep = end if final else min(end - 8, starts[0] if starts else end)
+        keep = max(keep, base, end - self.hunt_max_bytes)
+        if keep > base:
+            del buf[:keep - base]
+            self._unparsed += keep - base
+            self._acct += keep - base
+            if starts and starts[0] < keep:
+                self._waiting = [w for w in waiting if w[1] >= keep]
+                heapq.heapify(self._waiting)
+                self._live = {j for j in live if j >= keep}
+                self._starts = [j for j in starts if j >= keep]
+                heapq.heapify(self._starts)
         return None

@@ -89,6 +89,6 @@ def test_a_forced_protocol_reads_a_stream_whose_first_bytes_are_not_its_own(tmp_
 def test_a_bad_protocol_option_is_a_clear_error(tmp_path):
     from agent.agent_cli import agent
 
-    for bad, why in (("8500", "expected PORT=NAME"), ("8500=grpc", "unknown protocol 'grpc'")):
+    for bad, why in (("8500", "expected PORT=NAME"), ("8500=thrift", "unknown protocol 'thrift'")):
         with pytest.raises(UserError, match=why):
             agent(out=tmp_path / "o", protocol=[bad], replay=tmp_path / "none.rec")
