@@ -83,7 +83,9 @@ class GrpcMessage:
     def op(self) -> str | None:
         if self.control:
             return "control"
-        return "rpc" if self.request else None
+        if not self.request:
+            return None     # a response's op is its request's
+        return _op_of_method(self.path)
 
     @property
     def op_name(self) -> str | None:
@@ -105,6 +107,12 @@ class _Stream:
         self.left = 0                 # bytes of the current message still to come
         self.first = 0
         self.count = 0
+
+
+def _op_of_method(path: str | None) -> str:
+    """pull or push where the method's name says so (`/pkg.Service/PullSparse`), else rpc."""
+    name = path.rsplit("/", 1)[-1].lower() if path else ""
+    return "pull" if name.startswith("pull") else "push" if name.startswith("push") else "rpc"
 
 
 def _text(b) -> str | None:

@@ -142,3 +142,17 @@ def test_registered_and_detected_from_the_preface():
     cli, srv, _, _ = _conn(1)
     assert registry.parser_class("grpc") is GrpcStreamParser
     assert registry.detect(cli[:16]) == "grpc" and registry.detect(srv[:16]) == "grpc"
+
+
+def test_the_op_is_pull_or_push_where_the_method_says_so():
+    c = E.Side(True)
+    paths = ["/pslat.ps.PS/Pull", "/ps.Sparse/PushGradients", "/tensorflow.WorkerService/RecvTensor", "/x.Y/pull"]
+    for i, path in enumerate(paths):
+        c.headers(2 * i + 1, E.request_headers(path))
+        c.data(2 * i + 1, E.grpc_message(b"k" * 12), end_stream=True)
+    got = _run(GrpcStreamParser(), bytes(c.out))
+    assert [(m.op_name, m.op) for m in got] == list(zip(paths, ["pull", "push", "rpc", "pull"]))
+    s = E.Side(False)
+    s.headers(1, E.RESPONSE_HEADERS)
+    s.data(1, E.grpc_message(b"v" * 40))
+    assert [m.op for m in _run(GrpcStreamParser(), bytes(s.out))] == [None]   # a response's op is its request's

@@ -35,7 +35,7 @@ def _grpc_stream(n: int = 30) -> bytes:
     c = genc.Side(True)
     for i in range(n):
         sid = 2 * i + 1
-        c.headers(sid, genc.request_headers("/tensorflow.WorkerService/RecvTensor"))
+        c.headers(sid, genc.request_headers("/pslat.ps.PS/Pull"))
         c.data(sid, genc.grpc_message(bytes([i]) * (40 + i)), end_stream=True)
     return bytes(c.out)
 
@@ -143,8 +143,7 @@ def test_every_protocol_gives_the_interface(name):
         assert m.call_space is None or -(1 << 63) <= m.call_space < 1 << 63
         assert isinstance(m.detail(), dict) and all(isinstance(k, str) for k in m.detail())
         assert list(m.key_sample) == sorted(m.key_sample) and isinstance(m.nodes, tuple)
-    # "rpc": a request whose method says neither pull nor push (gRPC's methods, until mapped)
-    assert any(m.request for m in msgs) and any((m.op in DATA_OPS + ("rpc",)) for m in msgs)
+    assert any(m.request for m in msgs) and any((m.op in DATA_OPS) for m in msgs)
     p = cls()
     data = STREAMS[name]()
     p.feed(data[:len(data) // 2])
