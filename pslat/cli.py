@@ -29,6 +29,7 @@ def _register() -> None:
     app.command("report")(__import__("reports.report_cli", fromlist=["report"]).report)
     app.command("agent")(__import__("agent.agent_cli", fromlist=["agent"]).agent)
     app.command("top")(__import__("agent.top", fromlist=["top"]).top)
+    app.command("check")(__import__("agent.check", fromlist=["check"]).check)
 
 
 _register()

@@ -20,6 +20,7 @@ command -v apt-get >/dev/null || die "needs a Debian/Ubuntu machine (apt-get not
 # 1. Distro packages ----------------------------------------------------------
 PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool tshark ethtool iproute2 tcpdump
       python3-venv gcc make libc6-dev tmux procps
+      libcap2-bin  # capsh: tests/privileged/test_check_preflight.py runs `pslat check` with capabilities dropped
       chromium fonts-dejavu-core
       prometheus   # promtool check metrics, and the dashboard test's server (tests/privileged/test_prometheus.py)
       g++ libzmq3-dev patch)   # BytePS's ps-lite (scripts/setup_byteps.sh)
