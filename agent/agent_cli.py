@@ -41,7 +41,8 @@ def agent(
     lib: List[Path] = typer.Option([], "--lib", help="a framework library the job loads (README: what it understands) to probe in every selected "
                                    "process, also ones not started yet (repeat)", rich_help_panel="Filters"),
     host_id: Optional[str] = typer.Option(None, "--host-id", help="host id (default: the hostname; "
-                                          "a named netns is a host of that name)", rich_help_panel="Output"),
+                                          "a named netns is a host of that name, unless it is the "
+                                          "one --netns traced: then this names it)", rich_help_panel="Output"),
     duration: Optional[float] = typer.Option(None, "--duration", help="stop after S seconds "
                                              "[default: at Ctrl-C / SIGTERM]"),
     record: Optional[Path] = typer.Option(None, "--record", help="also save the raw events to FILE",

@@ -372,6 +372,10 @@ def run_live(o: AgentOptions, log: Callable[[str], None] | None = None, aggregat
         return {}
     check_prerequisites()
     host_map = HostMap(o.host_id)
+    if o.host_id and len(sel.netns_inos) == 1:
+        # one traced namespace is the one host traced: --host-id names it (the README's
+        # guide run on the virtual cluster's namespaces as if they were machines)
+        host_map.set(sel.netns_inos[0], o.host_id)
     named_hosts = tuple(host_map.host_of(i) for i in sel.netns_inos) or (host_map.default,)
     if set(skews) - set(named_hosts):
         raise UserError(f"--test-clock-skew names {sorted(set(skews) - set(named_hosts))}, not a traced host "

@@ -11,9 +11,11 @@ is reported as a sentence naming the file, and what can still be used is used:
 - rows missing: a closed run dir whose meta.json counted more message rows
   than its shards hold (a shard deleted or unreadable).
 - a host with no messages: named; the other hosts are reported.
-- run dirs of different runs: grouped by meta.json's run id when every run dir
-  has one, else by the time each was written (start to last update, realtime);
-  the group with the most messages is used and the others are named.
+- run dirs of different runs: the run dirs one agent wrote (one run id in
+  meta.json) stay together; agents (each host's its own, as on real machines)
+  whose times overlap, within RUN_GAP_TOLERANCE_NS (start to last update,
+  realtime), are one run; the run with the most messages is used and the others
+  are named.
 - the same host id twice in one run: the run dir with more rows is used.
 """
 from __future__ import annotations
@@ -372,27 +374,31 @@ def _interval(meta: dict) -> tuple[int, int] | None:
 
 def _runs(hosts: list[HostRun]) -> list[list[HostRun]]:
     """Groups of run dirs that belong to one run (see the module docstring)."""
-    if all(h.meta.get("run_id") for h in hosts):
-        groups: dict[str, list[HostRun]] = {}
-        for h in hosts:
-            groups.setdefault(str(h.meta["run_id"]), []).append(h)
-        return list(groups.values())
-    timed = sorted((iv, i) for i, h in enumerate(hosts) if (iv := _interval(h.meta)) is not None)
-    untimed = [h for h in hosts if _interval(h.meta) is None]
-    groups_t: list[list[HostRun]] = []
+    agents: dict[str, list[HostRun]] = {}
+    for i, h in enumerate(hosts):
+        agents.setdefault(str(h.meta.get("run_id") or f"no run id #{i}"), []).append(h)
+    timed, untimed = [], []
+    for dirs in agents.values():
+        ivs = [iv for h in dirs if (iv := _interval(h.meta)) is not None]
+        if ivs:
+            timed.append((min(a for a, _ in ivs), max(b for _, b in ivs), len(timed), dirs))
+        else:
+            untimed.append(dirs)
+    groups: list[list[HostRun]] = []
     end = None
-    for (a, b), i in timed:
+    for a, b, _, dirs in sorted(timed, key=lambda t: t[:3]):
         if end is None or a > end + RUN_GAP_TOLERANCE_NS:
-            groups_t.append([])
+            groups.append([])
             end = b
-        groups_t[-1].append(hosts[i])
+        groups[-1].extend(dirs)
         end = max(end, b)
-    if not groups_t:
-        return [untimed]
-    # a run dir whose times are unknown cannot be told apart: it joins the largest run
-    best = max(groups_t, key=lambda g: sum(h.rows for h in g))
-    best.extend(untimed)
-    return groups_t
+    if not groups:
+        return [[h for dirs in untimed for h in dirs]]
+    # an agent whose times are unknown cannot be told apart: it joins the largest run
+    best = max(groups, key=lambda g: sum(h.rows for h in g))
+    for dirs in untimed:
+        best.extend(dirs)
+    return groups
 
 
 def _when(h: HostRun) -> str:

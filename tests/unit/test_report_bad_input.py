@@ -89,16 +89,31 @@ def test_run_dirs_of_different_runs(run, tmp_path):
     (p,) = _problems(d, "different run")
     assert str(other / "ps1" / "meta.json") in p and "left out" in p
     assert d.hosts == ["ps0", "w0", "w1"]
-    # with run ids, those decide (and the same host twice is named)
+    # the run dirs one agent wrote (one run id) stay together, even where a host's clock
+    # puts its times an hour apart; another agent's, at other times, is another run
     for h in ("w0", "w1", "ps0", "ps1"):
         for base, rid in ((run, "A"), (other, "B")):
             m = json.loads((base / h / "meta.json").read_text())
             m["run_id"] = rid
-            m["started_realtime_ns"] = 1_700_000_000 * 10**9   # times alone would not tell them apart
-            m["updated_realtime_ns"] = m["started_realtime_ns"] + 1
             (base / h / "meta.json").write_text(json.dumps(m))
-    d = dissect([run / "w0", other / "w0", other / "ps0", run / "ps0", run / "ps1"])
-    assert d.hosts == ["ps0", "ps1", "w0"] and len(_problems(d, "different run")) == 2
+    m = json.loads((run / "w1" / "meta.json").read_text())
+    m["started_realtime_ns"] += 3600 * 10**9
+    m["updated_realtime_ns"] = m["started_realtime_ns"] + 1
+    (run / "w1" / "meta.json").write_text(json.dumps(m))
+    d = dissect([run / "w0", run / "w1", other / "ps1", run / "ps0"])
+    assert d.hosts == ["ps0", "w0", "w1"] and len(_problems(d, "different run")) == 1
+
+
+def test_agents_of_one_run_on_several_hosts_are_one_run(run):
+    """Each host's agent has its own run id (README, tracing your own job on two hosts):
+    agents whose times overlap are one run."""
+    for i, h in enumerate(("w0", "w1", "ps0", "ps1")):
+        m = json.loads((run / h / "meta.json").read_text())
+        m["run_id"] = f"agent-on-{h}"
+        m["started_realtime_ns"] = m.get("started_realtime_ns", 1_700_000_000 * 10**9) + i * 10**9
+        (run / h / "meta.json").write_text(json.dumps(m))
+    d = dissect([run / h for h in ("w0", "w1", "ps0", "ps1")])
+    assert d.hosts == ["ps0", "ps1", "w0", "w1"] and not _problems(d, "different run") and d.stats.requests == 80
 
 
 def test_same_host_twice(run, tmp_path):
