@@ -23,6 +23,7 @@ table is marked incomplete (hpack_late). Nothing raises on bad input.
 from __future__ import annotations
 
 import heapq
+import re
 import struct
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ STREAMS_MAX = 4096         # streams followed at once per direction (oldest drop
 BODY_PREFIX_BYTES = 256    # of each message's protobuf, kept for the op
 TEXT_MAX_CHARS = 200
 _HEAD, _PAYLOAD, _HUNT = range(3)
+# where a frame header may start: a known type (byte 3) and the stream id's reserved bit
+# clear (byte 5); found by the regex engine, so a hunt's Python work is per candidate
+_HEADER_START = re.compile(rb"(?=[\x00-\xff]{3}[\x00-\x09][\x00-\xff][\x00-\x7f])", re.DOTALL)
 
 
 @dataclass(slots=True)
@@ -483,7 +487,11 @@ class GrpcStreamParser:
             else:
                 still.append((r[0] + 9, j, *r))
         if found is None:
-            for j in range(max(self._scan_at, base), end - 8):
+            last = end - 9      # the last start whose header is whole
+            for mo in _HEADER_START.finditer(buf, max(self._scan_at, base) - base):
+                j = base + mo.start()
+                if j > last:
+                    break
                 r = self._chain(buf, base, j, 0, 0, end)
                 if r is None:
                     continue
