@@ -14,8 +14,8 @@ is reported as a sentence naming the file, and what can still be used is used:
 - run dirs of different runs: the run dirs one agent wrote (one run id in
   meta.json) stay together; agents (each host's its own, as on real machines)
   whose times overlap, within RUN_GAP_TOLERANCE_NS (start to last update,
-  realtime), are one run; the run with the most messages is used and the others
-  are named.
+  realtime), are one run, unless they traced the same host (a restart); the run
+  with the most messages is used and the others are named.
 - the same host id twice in one run: the run dir with more rows is used.
 """
 from __future__ import annotations
@@ -386,12 +386,18 @@ def _runs(hosts: list[HostRun]) -> list[list[HostRun]]:
             untimed.append(dirs)
     groups: list[list[HostRun]] = []
     end = None
+    host_end: dict[str, int] = {}     # in the current run: each host's last update
     for a, b, _, dirs in sorted(timed, key=lambda t: t[:3]):
-        if end is None or a > end + RUN_GAP_TOLERANCE_NS:
+        # a host traced again after its run dir closed (a restart into the same --out)
+        # starts another run; the same host at the same time is one run (a copy)
+        again = any(a > host_end[h.host_id] for h in dirs if h.host_id in host_end)
+        if end is None or a > end + RUN_GAP_TOLERANCE_NS or again:
             groups.append([])
-            end = b
+            end, host_end = b, {}
         groups[-1].extend(dirs)
         end = max(end, b)
+        for h in dirs:
+            host_end[h.host_id] = max(host_end.get(h.host_id, b), b)
     if not groups:
         return [[h for dirs in untimed for h in dirs]]
     # an agent whose times are unknown cannot be told apart: it joins the largest run
