@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from itertools import count
 from pathlib import Path
@@ -32,6 +33,9 @@ GROUP_COLORS = {"host": "#4c78a8", "nic": "#f58518", "wire": "#54a24b", C.NETWOR
 _SHADES = {"host": ["#1f4e79", "#2e6da4", "#4c78a8", "#6f94c0", "#93b1d4", "#b6cde6", "#3a5f8a"],
            "nic": ["#c45a00", "#f58518", "#ffa64d", "#ffc285"], "wire": ["#2d7a2d", "#54a24b"]}
 TITLE_HOSTS_MAX = 4
+LEGEND_SIDE_MAX = 8        # legend entries that fit beside a plot of the grid without scrolling
+LEGEND_ROW_ENTRIES = 3     # entries per row of a legend below a plot
+LEGEND_ROW_PX = 20
 _PLACEHOLDER = re.compile(r"@@(TITLE|SUBTITLE|NAV|BODY|DATA|PLOTLYJS)@@")
 SECTIONS = [("findings", "Findings"), ("breakdown", "1 Breakdown"), ("distributions", "2 Distributions & time"),
             ("concurrency", "3 Concurrency"), ("connections", "4 Connections"), ("skew", "5 Key skew"),
@@ -104,6 +108,16 @@ class Page:
             base["height"] = height + 60
             # its own round ticks (plotly's default aligns them to the left axis' grid: 30.1, 54.1)
             base["yaxis2"] = {"tickmode": "auto", **layout["yaxis2"]}
+        named = sum(1 for d in data if d.get("name") and d.get("showlegend", True))
+        if named > LEGEND_SIDE_MAX and "yaxis2" not in layout:
+            # a long legend on the side scrolls (entries hidden): below the plot, in rows, all shown
+            rows = -(-named // LEGEND_ROW_ENTRIES)
+            base["height"] = base["height"] + LEGEND_ROW_PX * rows + 30
+            axis_px = base["margin"]["b"]      # the x axis' ticks and title, above the legend
+            base["margin"] = {**base["margin"], "b": axis_px + LEGEND_ROW_PX * rows + 30}
+            plot_px = base["height"] - base["margin"]["t"] - base["margin"]["b"]
+            base["legend"] = {**base["legend"], "orientation": "h", "x": 0, "y": -(axis_px + 5) / plot_px,
+                              "yanchor": "top"}
         if "title" in base:   # left, clear of the mode bar on the right
             base["title"] = {"x": 0.01, "xanchor": "left", "font": {"size": 13}, **base["title"]}
         self.figures.append({"div": div, "data": data, "layout": base})
@@ -163,12 +177,14 @@ def sec_breakdown(p: Page, m: dict) -> None:
              for o in ops], "marker": {"color": GROUP_COLORS[g]}} for g in GROUP_ORDER
             if any(b[o]["groups_us"].get(f"group_{g}") for o in ops)]
     figs.append(p.figure(data, {"title": {"text": "host / NIC / wire (mean contribution, us)"}, "barmode": "stack",
-                                "xaxis": {"title": {"text": "us"}}}, height=110 + 60 * len(ops)))
+                                "xaxis": {"title": {"text": "us"}}, "yaxis": {"title": {"text": "op"}}},
+                         height=110 + 60 * len(ops)))
     comps = [c for c in C.COMPONENTS if any(c in b[o]["components_us"] for o in ops)]
     data = [{"type": "bar", "orientation": "h", "name": _t(c), "y": ops, "x": [b[o]["components_us"].get(c) for o in ops],
              "marker": {"color": COMPONENT_COLORS.get(c, "#999")}} for c in comps]
     figs.append(p.figure(data, {"title": {"text": "components in chain order (mean contribution, us)"},
-                                "barmode": "stack", "xaxis": {"title": {"text": "us"}}}, height=140 + 60 * len(ops)))
+                                "barmode": "stack", "xaxis": {"title": {"text": "us"}}, "yaxis": {"title": {"text": "op"}}},
+                         height=140 + 60 * len(ops)))
     p.add(f'<div class="grid">{"".join(figs)}</div>')
     s = m["summary"]["by_op"]
     for op in ops:
@@ -194,22 +210,50 @@ def sec_breakdown(p: Page, m: dict) -> None:
             hosts = list(part["hosts"])
             if not hosts:
                 continue
-            data = [{"type": "bar", "name": _t(g), "x": [_t(h) for h in hosts],
-                     "y": [part["hosts"][h]["groups_us"].get(f"group_{g}") for h in hosts],
-                     "marker": {"color": GROUP_COLORS[g]}} for g in GROUP_ORDER
-                    if any(part["hosts"][h]["groups_us"].get(f"group_{g}") for h in hosts)]
+            # by component, in their group's shades: what is slow on that host, not only on which side
+            comps = [c for c in C.COMPONENTS if any(part["hosts"][h]["components_us"].get(c) for h in hosts)]
+            data = [{"type": "bar", "name": _t(c), "x": [_t(h) for h in hosts],
+                     "y": [part["hosts"][h]["components_us"].get(c) for h in hosts],
+                     "marker": {"color": COMPONENT_COLORS.get(c, "#999")}} for c in comps]
             # p50/p99 as labels over the bars, not as points on their axis: a p99 tens of times the
             # mean (a run's start-up) squashed the bars to a few pixels
-            tops = [sum(part["hosts"][h]["groups_us"].get(f"group_{g}") or 0 for g in GROUP_ORDER) for h in hosts]
+            tops = [sum(part["hosts"][h]["components_us"].get(c) or 0 for c in comps) for h in hosts]
             notes = [{"x": _t(h), "y": top, "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
                       "text": _t(f"p50 {us(part['hosts'][h]['e2e_p50_us'])}") + "<br>"
                       + _t(f"p99 {us(part['hosts'][h]['e2e_p99_us'])}")} for h, top in zip(hosts, tops)]
             extra = f" ({part['left_out']} more hosts not shown)" if part["left_out"] else ""
             grid.append(p.figure(data, {"title": {"text": _t(f"{op} per {side}: mean contribution, us{extra}")},
-                                        "barmode": "stack", "xaxis": {"type": "category"}, "annotations": notes,
+                                        "barmode": "stack", "annotations": notes,
+                                        "xaxis": {"type": "category", "title": {"text": side}},
                                         "yaxis": {"title": {"text": "us"}, "range": [0, 1.3 * max(tops + [1])]}}))
         p.add(f'<div class="grid">{"".join(grid)}</div>')
     p.add("</section>")
+
+
+# a CDF plot per part of the chain, so no plot has more than 9 lines
+_CDF_PLOTS = (("end-to-end and host components", ["e2e"] + C.GROUPS["host"]),
+              ("end-to-end, NIC and wire", ["e2e"] + C.GROUPS["nic"] + C.GROUPS["wire"]
+               + [C.NETWORK_AND_REMOTE, C.UNSPLIT]),
+              ("client sub-components", [x for x in C.SUBS if x.startswith("client_")]),
+              ("server sub-components", [x for x in C.SUBS if x.startswith("server_")]))
+_UNITS = ((1e6, "s"), (1e3, "ms"), (1, "us"), (1e-3, "ns"))
+
+
+def _finite(x) -> float:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else 0.0
+
+
+def _decade_ticks(xs_us: list) -> dict:
+    """A tick at every decade the data spans, labelled in its unit (1 us, 10 us, ..., 1 ms, ...)."""
+    if not xs_us:
+        return {}
+    lo, hi = math.floor(math.log10(min(xs_us))), math.ceil(math.log10(max(xs_us)))
+    vals = [10.0 ** k for k in range(lo, hi + 1)]
+    text = []
+    for v in vals:
+        scale, unit = next(((f, u) for f, u in _UNITS if v >= f * 0.999), _UNITS[-1])
+        text.append(f"{v / scale:g} {unit}")
+    return {"tickvals": vals, "ticktext": text}
 
 
 def sec_distributions(p: Page, m: dict) -> None:
@@ -217,10 +261,11 @@ def sec_distributions(p: Page, m: dict) -> None:
     p.add(_help("Cumulative distributions from quantile sketches (every percent, then the tail to p99.99). "
                 "Log axis: non-positive values (a negative component is a clock error, kept and counted) are "
                 "not drawn; their number is in the legend. Over time: the mean contribution of host/NIC/wire per "
-                "time bin on the reference host's clock, with the e2e p50 and p99."))
+                "time bin on the reference host's clock, with the e2e p50 and p99; where a warm-up was detected it "
+                "is shaded and the axis is scaled to the steady state (the warm-up's values run off it)."))
     grid = []
     for op, c in m["cdf"].items():
-        for title, names in (("end-to-end and components", ["e2e"] + C.COMPONENTS), ("sub-components", C.SUBS)):
+        for title, names in _CDF_PLOTS:
             data = []
             for name in names:
                 sr = c["series"].get(name)
@@ -230,19 +275,31 @@ def sec_distributions(p: Page, m: dict) -> None:
                 data.append({"type": "scatter", "mode": "lines", "name": _t(label), "x": sr["us"], "y": c["q"],
                              "line": {"color": "#000" if name == "e2e" else COMPONENT_COLORS.get(name),
                                       "width": 3 if name == "e2e" else 1.5}})
-            if data:
+            if len(data) > (1 if names[0] == "e2e" else 0):
+                xs = [x for d in data for x in d["x"] if x and x > 0]
                 grid.append(p.figure(data, {"title": {"text": _t(f"{op}: CDF of {title}")},
-                                            "xaxis": {"type": "log", "title": {"text": "us"}},
+                                            "xaxis": {"type": "log", "title": {"text": "time"}, **_decade_ticks(xs)},
                                             "yaxis": {"title": {"text": "fraction of requests"}, "range": [0, 1]}}))
     ot = m["over_time"]
+    warm_end_s = ((m.get("window") or {}).get("warmup") or {}).get("end_s")
     for op, rec in (ot.get("ops") or {}).items():
         data = [{"type": "scatter", "mode": "lines", "stackgroup": "one", "name": _t(g), "x": ot["t_s"], "y": v,
                  "line": {"color": GROUP_COLORS.get(g)}} for g, v in rec["groups_us"].items()]
         data += [{"type": "scatter", "mode": "lines", "name": f"e2e {q}", "x": ot["t_s"], "y": rec[f"e2e_{q}_us"],
                   "line": {"color": "#000", "dash": "dot" if q == "p99" else "solid", "width": 1}} for q in ("p50", "p99")]
-        grid.append(p.figure(data, {"title": {"text": _t(f"{op} over time (mean contribution, us)")},
-                                    "xaxis": {"title": {"text": "s since the first request"}},
-                                    "yaxis": {"title": {"text": "us"}}}))
+        layout = {"title": {"text": _t(f"{op} over time (mean contribution, us)")},
+                  "xaxis": {"title": {"text": "s since the first request"}}, "yaxis": {"title": {"text": "us"}}}
+        if warm_end_s:
+            # the steady state's scale: the warm-up's burst would flatten it to a line at zero
+            steady = [i for i, t in enumerate(ot["t_s"]) if t >= warm_end_s]
+            top = max([sum(_finite(v[i]) for v in rec["groups_us"].values()) for i in steady]
+                      + [_finite(rec["e2e_p99_us"][i]) for i in steady] + [1])
+            layout["yaxis"]["range"] = [0, 1.15 * top]
+            layout["shapes"] = [{"type": "rect", "xref": "x", "yref": "paper", "x0": 0, "x1": warm_end_s,
+                                 "y0": 0, "y1": 1, "fillcolor": "#999", "opacity": 0.15, "line": {"width": 0}}]
+            layout["annotations"] = [{"xref": "x", "yref": "paper", "x": warm_end_s / 2, "y": 1, "yanchor": "bottom",
+                                      "text": "warm-up (off scale)", "showarrow": False, "font": {"size": 10}}]
+        grid.append(p.figure(data, layout))
     p.add(f'<div class="grid">{"".join(grid)}</div></section>')
 
 
@@ -366,7 +423,8 @@ def sec_skew(p: Page, m: dict) -> None:
         grid.append(p.figure([{"type": "bar", "x": [f"top {a['k']:,}" for a in agg],
                                "y": [100 * a["share_removed"] for a in agg], "marker": {"color": "#54a24b"}}],
                              {"title": {"text": "push bytes removed by aggregating the top-k keys (%)"},
-                              "xaxis": {"type": "category"}, "yaxis": {"title": {"text": "% of push bytes"}}}))
+                              "xaxis": {"type": "category", "title": {"text": "keys aggregated"}},
+                              "yaxis": {"title": {"text": "% of push bytes"}}}))
     p.add(f'<div class="grid">{"".join(grid)}</div>')
     if single:
         p.add(f"<p>{esc(NO_AGGREGATION)}</p>")

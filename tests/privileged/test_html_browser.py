@@ -15,6 +15,19 @@ from bench.browser import ARTIFACTS, Browser, chromium_missing
 
 pytestmark = pytest.mark.privileged
 
+# every plot as drawn: its title, axis titles, whether its legend lies inside its box and shows every entry
+CHARTS = """[...document.querySelectorAll('.js-plotly-plot')].map(d => {
+  const box = d.getBoundingClientRect(), lay = d.layout || {}, xa = lay.xaxis || {}, ya = lay.yaxis || {};
+  const lg = d.querySelector('g.legend'), l = lg ? lg.getBoundingClientRect() : null;
+  const text = t => (t && (t.text !== undefined ? t.text : t)) || '';
+  return {title: text(lay.title), x: text(xa.title), y: text(ya.title), xtype: xa.type || '',
+          cartesian: !!d.querySelector('g.cartesianlayer g.subplot'),
+          ticks: (xa.ticktext || []).map(String),
+          clipped: !!l && l.width > 0 && (l.left < box.left - 1 || l.right > box.right + 1 ||
+                                           l.top < box.top - 1 || l.bottom > box.bottom + 1),
+          scrolls: !!d.querySelector('g.legend rect.scrollbar[height]:not([height="0"])')};
+})"""
+
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
@@ -38,7 +51,7 @@ def test_report_loads_with_every_plot_drawn(browser, tmp_path):
     assert size < 20 * 2**20
     shot = ARTIFACTS / "report.png"
     r = browser.open(page.resolve().as_uri(), screenshot=shot,
-                     texts={"findings": "#findings li", "svgtext": "svg text"})
+                     texts={"findings": "#findings li", "svgtext": "svg text"}, evals={"charts": CHARTS})
     print(f"\nreport {size / 2**20:.1f} MB, loaded with every plot drawn in {r.load_s:.2f} s "
           f"(in-page {r.state.get('t_ready_ms', 0) / 1e3:.2f} s); screenshot: {shot}")
     assert r.state.get("ready") and r.state["errors"] == []
@@ -48,4 +61,13 @@ def test_report_loads_with_every_plot_drawn(browser, tmp_path):
     # (its whole suite 22 min against 17.8 min an hour before)
     assert r.state["t_ready_ms"] < 8000
     assert "host-side" in r.texts["findings"] and "server_kernel_rx" in r.texts["svgtext"]
+    charts = r.texts["charts"]
+    assert len(charts) == r.state["plots"]
+    unlabelled = [c["title"] for c in charts if c["cartesian"] and not (c["x"] and c["y"])]
+    clipped = [c["title"] for c in charts if c["clipped"] or c["scrolls"]]   # a scrolling legend hides entries
+    assert unlabelled == [] and clipped == [], ([c for c in charts if c["title"] in unlabelled], clipped)
+    cdfs = [c for c in charts if "CDF" in c["title"]]
+    # the CDFs' log time axes: a tick at every decade, labelled with its unit
+    assert cdfs and all(c["xtype"] == "log" and c["ticks"] and all(t.endswith((" ns", " us", " ms", " s"))
+                                                                    for t in c["ticks"]) for c in cdfs), cdfs
     shutil.copy(page, ARTIFACTS / "report.html")
