@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -139,7 +141,31 @@ def _legend(detail: bool):
     return t
 
 
-def render(snap: dict, width: int, height: int, detail: bool = False, status: str = ""):
+def _e2e_q(g: dict, q: float) -> float:
+    counts = {int(i): c for i, c in g["hists"]["e2e"]["counts"]}
+    v = quantile_ns(counts, q)
+    return -1.0 if v is None else v
+
+
+def _e2e_mean(g: dict) -> float:
+    e2e = g["hists"]["e2e"]
+    return e2e["sum_ns"] / e2e["n"] if e2e["n"] else -1.0
+
+
+# --sort: the rows' order (the biggest first), ties by host, role, op
+SORTS = {"rate": lambda g: -g["rate_per_s"], "p99": lambda g: -_e2e_q(g, 0.99),
+         "p50": lambda g: -_e2e_q(g, 0.5), "mean": lambda g: -_e2e_mean(g), "host": lambda g: 0}
+
+
+def keep_rows(snap: dict, ops: tuple = (), hosts: tuple = ()) -> dict:
+    """The snapshot with only the rows of these ops and hosts (either when empty)."""
+    if not ops and not hosts:
+        return snap
+    keep = [g for g in snap.get("groups", []) if (not ops or g["op"] in ops) and (not hosts or g["host"] in hosts)]
+    return {**snap, "groups": keep}
+
+
+def render(snap: dict, width: int, height: int, detail: bool = False, status: str = "", sort: str = "rate"):
     """The whole screen for one snapshot, fitted to width x height."""
     from rich import box
     from rich.console import Group
@@ -148,7 +174,8 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
 
     wide = width >= 110
     ip_hosts = snap.get("ip_hosts", {})
-    groups = sorted(snap.get("groups", []), key=lambda g: (-g["rate_per_s"], g["host"], g["role"], g["op"]))
+    by = SORTS[sort]
+    groups = sorted(snap.get("groups", []), key=lambda g: (by(g), g["host"], g["role"], g["op"]))
     hosts = sorted({g["host"] for g in groups} | set(snap.get("connections", {})) | set(snap.get("unrecognised", {})))
     agents = snap.get("agents", [])
     head = Text(no_wrap=True, overflow="ellipsis")
@@ -265,12 +292,12 @@ def _health_line(a: dict):
     return t
 
 
-def render_text(snap: dict, width: int, height: int, detail: bool = False) -> str:
-    """The screen as plain text (no colour): for --snapshot and the golden tests."""
+def render_text(snap: dict, width: int, height: int, detail: bool = False, sort: str = "rate", status: str = "") -> str:
+    """The screen as plain text (no colour): for pipes, --snapshot and the golden tests."""
     from rich.console import Console
     c = Console(width=width, height=height, color_system=None, record=True, file=open(os.devnull, "w"),
                 legacy_windows=False)
-    c.print(render(snap, width, height, detail))
+    c.print(render(snap, width, height, detail, status, sort))
     return c.export_text()
 
 
@@ -314,8 +341,9 @@ class Feeds:
     """One thread per agent fetching its snapshot every REFRESH_S; snapshot() gives the latest of
     each at once, so the screen and the keys never wait on a slow or hostile agent."""
 
-    def __init__(self, addrs: list[str], timeout_s: float = FETCH_TIMEOUT_S):
+    def __init__(self, addrs: list[str], timeout_s: float = FETCH_TIMEOUT_S, interval_s: float = REFRESH_S):
         self.addrs = addrs
+        self.interval_s = interval_s
         self.lock = threading.Lock()
         self.latest: dict[str, tuple] = {a: (None, {"agent": a, "error": "no answer yet"}, "") for a in addrs}
         self.stopped = threading.Event()
@@ -331,7 +359,7 @@ class Feeds:
                 got = (None, {"agent": addr, "error": f"internal error: {type(e).__name__}: {e}"[:80]}, "")
             with self.lock:
                 self.latest[addr] = got
-            self.stopped.wait(max(0.0, REFRESH_S - (time.monotonic() - t0)))
+            self.stopped.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
 
     def snapshot(self) -> dict:
         with self.lock:
@@ -371,17 +399,33 @@ class Keys:
         return None
 
 
-def loop(get_snapshot, detail: bool, status=lambda: "", stop=lambda: False) -> None:
+@dataclass(frozen=True)
+class View:
+    """What the user asked to see: the options that shape every screen."""
+    detail: bool = False
+    sort: str = "rate"
+    ops: tuple = ()
+    hosts: tuple = ()
+    interval_s: float = REFRESH_S
+    count: int | None = None        # screens to draw, then stop (None: until q)
+
+
+def loop(get_snapshot, view: View, status=lambda: "", stop=lambda: False) -> None:
+    """The full screen, redrawn every interval; keys d and q. Plain text blocks instead when the
+    output is not a terminal or a count was asked for."""
+    if view.count is not None or not sys.stdout.isatty():
+        return plain_loop(get_snapshot, view, status, stop)
     from rich.console import Console
     from rich.live import Live
 
     console = Console()
+    detail = view.detail
     with Keys() as keys, Live(console=console, screen=True, auto_refresh=False) as live:
         while not stop():
-            snap = get_snapshot()
+            snap = keep_rows(get_snapshot(), view.ops, view.hosts)
             w, h = console.size
-            live.update(render(snap, w, h, detail, status()), refresh=True)
-            deadline = time.monotonic() + REFRESH_S
+            live.update(render(snap, w, h, detail, status(), view.sort), refresh=True)
+            deadline = time.monotonic() + view.interval_s
             while (left := deadline - time.monotonic()) > 0 and not stop():
                 k = keys.read(min(left, KEY_POLL_S))
                 if k in ("q", "Q"):
@@ -389,7 +433,40 @@ def loop(get_snapshot, detail: bool, status=lambda: "", stop=lambda: False) -> N
                 if k in ("d", "D"):
                     detail = not detail
                     w, h = console.size
-                    live.update(render(snap, w, h, detail, status()), refresh=True)
+                    live.update(render(snap, w, h, detail, status(), view.sort), refresh=True)
+
+
+PLAIN_HEIGHT = 1000    # a block in a pipe is not cut to a screen: every row and section line
+PLAIN_WIDTH = 120      # a pipe's width (a terminal's own when --count draws on one)
+
+
+def plain_loop(get_snapshot, view: View, status=lambda: "", stop=lambda: False, out=None) -> None:
+    """One plain-text block per interval (like vmstat), a blank line between blocks, no colour
+    and no cursor moves; `count` blocks, or until stopped."""
+    out = out or sys.stdout
+    width = shutil.get_terminal_size((PLAIN_WIDTH, 24)).columns if out.isatty() else PLAIN_WIDTH
+    n = 0
+    next_at = time.monotonic() + view.interval_s
+    while not stop():
+        if stop_wait(stop, next_at):
+            return
+        snap = keep_rows(get_snapshot(), view.ops, view.hosts)
+        block = render_text(snap, width, PLAIN_HEIGHT, view.detail, view.sort, status()).rstrip("\n")
+        out.write(("\n" if n else "") + f"{time.strftime('%H:%M:%S')}\n{block}\n")
+        out.flush()
+        n += 1
+        if view.count is not None and n >= view.count:
+            return
+        next_at += view.interval_s
+
+
+def stop_wait(stop, until: float) -> bool:
+    """Sleep until `until` (monotonic) in short steps; True when stopped meanwhile."""
+    while (left := until - time.monotonic()) > 0:
+        if stop():
+            return True
+        time.sleep(min(left, KEY_POLL_S))
+    return stop()
 
 
 # ---------------------------------------------------------------- command
@@ -414,8 +491,28 @@ def top(
                                                 "it cannot keep up)", rich_help_panel="Filters"),
     detail: bool = typer.Option(False, "--detail", help="start with the finer components (key d toggles)"),
     snapshot: Optional[Path] = typer.Option(None, "--snapshot", help="draw this saved /snapshot.json once and exit"),
+    interval: float = typer.Option(REFRESH_S, "--interval", help="seconds between screens", rich_help_panel="View"),
+    count: Optional[int] = typer.Option(None, "--count", help="draw N screens as plain text blocks, then exit",
+                                        rich_help_panel="View"),
+    once: bool = typer.Option(False, "--once", help="one plain text block after one interval, then exit "
+                              "(--count 1)", rich_help_panel="View"),
+    sort: str = typer.Option("rate", "--sort", help=f"rows by: {', '.join(SORTS)} (the biggest first)",
+                             rich_help_panel="View"),
+    op: List[str] = typer.Option([], "--op", help="only rows of this op (repeat)", rich_help_panel="View"),
+    host: List[str] = typer.Option([], "--host", help="only rows of this host (repeat)", rich_help_panel="View"),
 ) -> None:
-    """Live view: per op and peer host, rate, p50/p99 and where this host's time goes."""
+    """Live view: per op and peer host, rate, p50/p99 and where this host's time goes. Not on a
+    terminal (a pipe, a file) it writes one plain text block per interval."""
+    if not (0.05 <= interval <= 3600):
+        raise UserError(f"--interval {interval}: give seconds between 0.05 and 3600")
+    if count is not None and count < 1:
+        raise UserError(f"--count {count}: give 1 or more")
+    if once and count not in (None, 1):
+        raise UserError("--once is --count 1; give one of them")
+    if sort not in SORTS:
+        raise UserError(f"--sort {sort}: give one of {', '.join(SORTS)}")
+    view = View(detail=detail, sort=sort, ops=tuple(op), hosts=tuple(host), interval_s=interval,
+                count=1 if once else count)
     filters = bool(pid or comm or netns or port or lib or not netstack or sample_rate is not None)
     if snapshot is not None:
         if agent or filters:
@@ -428,28 +525,29 @@ def top(
         except SnapshotError as e:
             raise UserError(f"--snapshot {snapshot}: not a pslat /snapshot.json ({e}); save one with "
                             "curl http://ADDR:PORT/snapshot.json") from None
-        snap = dict(merge_snapshots([snap]), problems=[skipped_text(skipped)] if skipped else [])
+        snap = keep_rows(dict(merge_snapshots([snap]), problems=[skipped_text(skipped)] if skipped else []),
+                      view.ops, view.hosts)
         from rich.console import Console
         c = Console(color_system=None if not sys.stdout.isatty() else "auto")
-        c.print(render(snap, c.size.width, c.size.height, detail))
+        c.print(render(snap, c.size.width, c.size.height, detail, sort=sort))
         return
     if agent:
         if filters:
             raise UserError("--agent draws running agents (they have their own filters); leave out "
                             "--pid/--comm/--netns/--port/--lib/--no-netstack/--sample-rate")
-        feeds = Feeds([_agent_addr(a) for a in agent])
+        feeds = Feeds([_agent_addr(a) for a in agent], interval_s=interval)
         try:
-            loop(feeds.snapshot, detail)
+            loop(feeds.snapshot, view)
         finally:
             feeds.stop()
         return
     from agent.daemon import AgentOptions
     _in_process(AgentOptions(out=Path(), pids=tuple(pid), comms=tuple(comm), netns=tuple(netns),
                              ports=tuple(port), libs=tuple(lib), netstack=netstack, sample_rate=sample_rate),
-                detail)
+                view)
 
 
-def _in_process(opts, detail: bool) -> None:
+def _in_process(opts, view: View) -> None:
     """No agent: run the agent's pipeline here (the main thread: it takes the signals) and draw
     from a second thread; `q` ends the tracing as Ctrl-C would. Rows go to a temp run dir."""
     import dataclasses
@@ -465,7 +563,7 @@ def _in_process(opts, detail: bool) -> None:
 
     def ui():
         try:
-            loop(live.snapshot, detail, status=lambda: said[-1], stop=done.is_set)
+            loop(live.snapshot, view, status=lambda: said[-1], stop=done.is_set)
         finally:
             if not done.is_set():
                 os.kill(os.getpid(), signal.SIGINT)   # ends run_live as Ctrl-C does
