@@ -9,7 +9,9 @@ requests of one thread overlap (a track's slices must nest). On the worker's
 track, a slice per request ("pull -> ps0") with its components as child slices
 in chain order and the sequential sub-components below them (stack_rx then
 sock_wait; framework_rx, app, framework_tx); on the server's track, a slice for
-the server's part of the request with the server's components.
+the server's part of the request with the server's components. Flow events
+(arrows in Perfetto) go from each request slice to the server's slice of it and
+back from the server's slice to the request's.
 
 Clock: every time is put on one host's CLOCK_MONOTONIC through the dissection's
 clock models (reports.extra.Timeline), then on realtime through that host's
@@ -53,6 +55,7 @@ SEQUENTIAL_SUBS = {"server_kernel_rx": ["server_stack_rx", "server_sock_wait"],
 SERVER_PART = {"server_nic_rx", "server_kernel_rx", "server_user", "server_kernel_tx", "server_nic_tx"}
 ARG_SUBS = [s for s in C.SUBS if not any(s in v for v in SEQUENTIAL_SUBS.values())]
 PHASES = {"X", "M", "B", "E", "i", "I", "C", "b", "e", "n", "s", "t", "f"}
+FLOW_INSIDE_NS = 1     # a flow's end this far inside its slice, so it binds to that slice, not the next
 
 
 def span_sequence(folded: str, present: set[str]) -> list[str]:
@@ -164,6 +167,7 @@ def build_trace(d, run_dirs: list[Path] | None = None, max_requests: int = MAX_R
     wt, st = _thread_ids(ctx, req) if len(req) else (None, None)
     tracks = _Tracks()
     events: list[dict] = []
+    flows: list[int] = []
     skipped_negative = 0
     comp_vals = {c: req[c].to_numpy(dtype=np.float64, na_value=np.nan).tolist() for c in C.COMPONENTS + C.SUBS}
     folded = req["folded"].astype(object).to_numpy()
@@ -208,6 +212,12 @@ def build_trace(d, run_dirs: list[Path] | None = None, max_requests: int = MAX_R
             spid = tracks.pid(sh)
             stid = tracks.tid(sh, s_thread, s0, s1)
             events.append(_x(f"serve {op} from {wh}", "request", s0, s1 - s0, spid, stid, args))
+            # arrows in Perfetto: the worker's request to the server's handling of it, and back
+            fid = 2 * len(flows)
+            flows.append(fid)
+            events += [_flow("s", fid, "request", t0, pid, tid), _flow("f", fid, "request", s0, spid, stid),
+                       _flow("s", fid + 1, "response", s1 - FLOW_INSIDE_NS, spid, stid),
+                       _flow("f", fid + 1, "response", min(t0 + e2e, s1 + FLOW_INSIDE_NS), pid, tid)]
             for name, a, dur in server:
                 events.append(_x(name, "component", a, dur, spid, stid, {}))
                 events.extend(_subs(name, a, dur, comp_vals, i, spid, stid))
@@ -233,6 +243,15 @@ def _nan(x: float) -> bool:
 
 def _str(x) -> str:
     return "?" if x is None or (not isinstance(x, str) and pd.isna(x)) else str(x)
+
+
+def _flow(ph: str, fid: int, name: str, t_ns: int, pid: int, tid: int) -> dict:
+    """A flow event (trace event format, v1): "s" inside its source slice, "f" bound to the slice
+    enclosing its time on the destination track ("bp": "e")."""
+    e = {"ph": ph, "id": fid, "name": name, "cat": "flow", "ts": _us(t_ns), "pid": pid, "tid": tid}
+    if ph == "f":
+        e["bp"] = "e"
+    return e
 
 
 def _x(name: str, cat: str, t0_ns: int, dur_ns: int, pid: int, tid: int, args: dict) -> dict:
@@ -289,6 +308,7 @@ def validate(trace: Any) -> list[str]:
     if trace.get("displayTimeUnit", "ms") not in ("ms", "ns"):
         errs.append("displayTimeUnit must be ms or ns")
     tracks: dict[tuple, list[tuple[float, float, str]]] = {}
+    flows: dict = {}
     for k, e in enumerate(trace["traceEvents"]):
         where = f"event {k}"
         if not isinstance(e, dict):
@@ -318,8 +338,15 @@ def validate(trace: Any) -> list[str]:
                 errs.append(f"{where}: X needs dur >= 0")
                 continue
             tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+        if ph in ("s", "t", "f"):
+            if not isinstance(e.get("id"), (int, str)):
+                errs.append(f"{where}: a flow event needs an id")
+            flows.setdefault(e.get("id"), []).append(ph)
         if "args" in e and not isinstance(e["args"], dict):
             errs.append(f"{where}: args must be an object")
+    for fid, phs in flows.items():
+        if phs.count("s") != 1 or phs.count("f") != 1:
+            errs.append(f"flow {fid!r}: needs one start (s) and one finish (f), has {''.join(phs)}")
     eps = 0.0015   # three decimals of us on both ends
     for key, sl in tracks.items():
         sl.sort(key=lambda s: (s[0], -(s[1] - s[0])))
@@ -360,6 +387,8 @@ def merge(ours: dict, theirs: dict) -> dict:
     out = []
     for e in ours["traceEvents"]:
         e = dict(e, pid=e["pid"] + offset)
+        if e.get("ph") in ("s", "t", "f"):   # flow ids of our own, apart from the profiler's
+            e["id"] = f"pslat-{e['id']}"
         if "ts" in e:
             e["ts"] = round(e["ts"] + shift_us, 3)
         out.append(e)

@@ -100,3 +100,32 @@ def test_merge_onto_a_pytorch_trace(run):
     assert moved["ts"] == pytest.approx(first["ts"] + 2e6, abs=0.001) and moved["pid"] > 4242
     assert np.isclose(theirs["baseTimeNanoseconds"] + moved["ts"] * 1e3,
                       ours["baseTimeNanoseconds"] + first["ts"] * 1e3)
+
+
+def test_flow_arrows_from_each_request_to_its_server_and_back(run):
+    out, d = run
+    t = build_trace(d, [out])
+    ev = t["traceEvents"]
+    slices = {}
+    for e in ev:
+        if e["ph"] == "X" and e["cat"] == "request":
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    flows = {}
+    for e in ev:
+        if e["ph"] in ("s", "f"):
+            flows.setdefault(e["id"], {})[e["ph"]] = e
+
+    def inside(e):   # the request slice on its track that holds its time
+        return [n for a, b, n in slices.get((e["pid"], e["tid"]), []) if a - 0.0015 <= e["ts"] <= b + 0.0015]
+    served = sum(1 for e in ev if e["ph"] == "X" and e["name"].startswith("serve "))
+    assert len(flows) == 2 * served == 2 * 240
+    for fid, f in flows.items():
+        src, dst = inside(f["s"]), inside(f["f"])
+        assert src and dst and f["f"]["bp"] == "e", (fid, f)
+        if f["s"]["name"] == "request":
+            assert any("->" in n for n in src) and any(n.startswith("serve ") for n in dst)
+        else:
+            assert any(n.startswith("serve ") for n in src) and any("->" in n for n in dst)
+    assert validate(t) == []
+    broken = {**t, "traceEvents": [e for e in ev if not (e["ph"] == "f" and e["id"] == 0)]}
+    assert any("flow 0" in x for x in validate(broken))
