@@ -104,12 +104,13 @@ class CompareView:
             get = lambda side, k: [(r[side] or {}).get(k) for r in rows.values()]  # noqa: E731
             u50 = column_unit(get("baseline", "p50") + get("this", "p50"))
             u99 = column_unit(get("baseline", "p99") + get("this", "p99"))
-            t = Table(title=Text(f"{op}: {o['count']['baseline']:,} requests before, {o['count']['this']:,} now",
-                                 style="bold"), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                      show_edge=False, padding=(0, 1))
+            # the units in the title, so the headers are short and 100 columns hold every cell whole
+            t = Table(title=Text(f"{op}: {o['count']['baseline']:,} requests before, {o['count']['this']:,} now "
+                                 f"(p50 in {u50}, p99 in {u99})", style="bold"), title_justify="left",
+                      box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1))
             t.add_column("", no_wrap=True, min_width=18)   # component names are the point: never cut
-            for h in (f"p50 {u50} was", "now", "x", f"p99 {u99} was", "now", "x", "share was", "now", "pp"):
-                t.add_column(h, justify="right", no_wrap=True)
+            for h in ("p50 was", "now", "x", "p99 was", "now", "x", "share was", "now", "pp"):
+                t.add_column(h, justify="right", no_wrap=True, min_width=5 if h == "pp" else None)
             for name, r in rows.items():
                 x, y = r["baseline"] or {}, r["this"] or {}
                 row(t, Text(name, style="bold" if r["group"] else ""),

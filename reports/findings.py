@@ -403,6 +403,9 @@ def bypass_findings(m: dict[str, Any]) -> list[str]:
             for e in m.get("kernel_bypass") or ()]
 
 
+WARMUP_SECOND_SHARE_MIN = 0.05
+
+
 def warmup_findings(m: dict[str, Any]) -> list[str]:
     """The start-up transient as its own finding (reports.window's rule), and what the
     figures after it describe."""
@@ -413,7 +416,8 @@ def warmup_findings(m: dict[str, Any]) -> list[str]:
     total = sum(v for _, v in comps)
     spent = ""
     if comps and total > 0:
-        top = comps[:2]
+        # the second only where it took a share worth naming
+        top = [cv for k, cv in enumerate(comps[:2]) if k == 0 or cv[1] >= WARMUP_SECOND_SHARE_MIN * total]
         spent = "; the extra time went to " + " and ".join(f"{c} ({pct(v / total)})" for c, v in top)
         subs = [(c, v) for c, v in (w.get("excess_us") or {}).items()
                 if c in C.SUBS and v > 0 and c in C.SUBCOMPONENTS.get(top[0][0], ())]

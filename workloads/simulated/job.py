@@ -65,6 +65,8 @@ class Sim:
     negative_wire_at: tuple = ()        # slice indices whose wire_req is made negative (-20 us)
     control_every: int = 10             # a control message per K slices of a pair
     think_ns: tuple = (20_000, 60_000)  # a worker's pause between requests (uniform)
+    warmup_requests: int = 0            # a worker's first K requests: a start-up (tables touched first)
+    warmup_factor: float = 1.0          # their server_user times this
     seed: int = 0
     run_id: str | None = None
     started_realtime_ns: int = 1_700_000_000 * 10**9
@@ -131,6 +133,10 @@ def simulate(out: Path, sim: Sim) -> dict:
             sub[f"{side}_{w}_wait"] = np.minimum(_u(rng, n, 0, 3_000), d[f"{side}_kernel_tx"] // 4)
     for k in sim.negative_wire_at:
         d["wire_req"][k] = -20_000
+    if sim.warmup_requests:
+        early = ts < sim.warmup_requests
+        d["server_user"] = np.where(early, np.rint(d["server_user"] * sim.warmup_factor).astype(np.int64),
+                                    d["server_user"])
     # pair (worker, server) connection epochs: reconnects reuse the ports with new ISNs
     pair = w_idx * sim.servers + s_idx
     nth = pd.Series(pair).groupby(pair).cumcount().to_numpy()
