@@ -134,8 +134,11 @@ class SummaryView:
         s = self.s
         u = s["unmatched"]
         n = len(s["hosts"])
+        w = s.get("windowed") or {}
+        # the tables below describe the window: its count beside the run's
+        in_window = f" ({w['requests']:,} in the window)" if w.get("requests", s["requests"]) != s["requests"] else ""
         yield Text.assemble(("pslat report", "bold"), f": {n} host{'s' if n != 1 else ''} ({', '.join(s['hosts'])}); "
-                            f"{s['requests']:,} requests paired; without response "
+                            f"{s['requests']:,} requests paired in the run{in_window}; without response "
                             f"{u['requests_without_response']:,}, responses without request "
                             f"{u['messages_without_request']:,}, messages without ids "
                             f"{u['messages_unparsed']:,}")

@@ -248,7 +248,8 @@ def build_model(d, run_dirs: list[Path] | None, sel=None) -> dict[str, Any]:
                               "mean_us": w.mean_us, "steady_mean_us": w.steady_mean_us,
                               "cut": sel.info.warmup_cut,
                               "excess_us": warmup_excess(whole_done, start_ref, sel.t0_ref_ns, w.end_s)}},
-        "summary": summary(d, other),
+        # the pairing counts are the run's (from dissection); the window's own count beside them
+        "summary": {**summary(d, other), "windowed": {"requests": int(len(d.requests))}},
         "unrecognised": other,
         "hosts": list(d.hosts),
         "timeline": {"ref": ctx.timeline.ref, "unaligned": ctx.timeline.unaligned},
