@@ -403,6 +403,18 @@ def bypass_findings(m: dict[str, Any]) -> list[str]:
             for e in m.get("kernel_bypass") or ()]
 
 
+def unnamed_op_findings(m: dict[str, Any]) -> list[str]:
+    """Requests whose protocol names its operations but whose name was not seen (a gRPC
+    method indexed in HPACK before the agent or the capture joined the connection)."""
+    out = []
+    for proto, (unnamed, total) in sorted((m.get("unnamed_ops") or {}).items()):
+        out.append(f"Operation names not seen: {unnamed:,} of {total:,} {proto} requests carry no name of their "
+                   f"operation (the connection named it before the tracer joined it, by a reference it cannot "
+                   f"resolve): they are counted under their op ({', '.join(m['unnamed_ops_ops'][proto])}), "
+                   "not by name.")
+    return out
+
+
 WARMUP_SECOND_SHARE_MIN = 0.05
 
 
@@ -436,4 +448,5 @@ def findings(m: dict[str, Any]) -> list[str]:
     if not main:
         main.append("No request had both its ends measured on the worker: nothing to break down.")
     return (warmup_findings(m) + main + concurrency_findings(m) + connection_findings(m) + skew_findings(m) + clock_findings(m)
-            + health_findings(m) + bypass_findings(m) + unrecognised_findings(m) + gap_findings(m))
+            + health_findings(m) + bypass_findings(m) + unrecognised_findings(m) + unnamed_op_findings(m)
+            + gap_findings(m))

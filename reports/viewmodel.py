@@ -77,6 +77,21 @@ def _by_op(done: pd.DataFrame) -> list[tuple[str, Columns]]:
     return [(str(op), Columns(done, groups[op])) for op in sorted(groups)]
 
 
+def unnamed_ops(done: pd.DataFrame) -> dict[str, Any]:
+    """Per protocol, the requests whose operation's name was not seen, and their ops (every
+    registered protocol names its requests where their bytes were seen: ps-lite by command,
+    brpc by command or method, gRPC by method)."""
+    counts, ops = {}, {}
+    if len(done) and "op_name" in done:
+        unnamed = done["op_name"].isna().to_numpy()
+        for proto, rows in _groups_of(done["protocol"].astype(str)).items():
+            n = int(unnamed[rows].sum())
+            if n:
+                counts[proto] = (n, len(rows))
+                ops[proto] = sorted(set(done["op"].iloc[rows][unnamed[rows]].astype(str)))
+    return {"unnamed_ops": counts, "unnamed_ops_ops": ops}
+
+
 def breakdown(done: pd.DataFrame) -> dict[str, Any]:
     out = {}
     for op, g in _by_op(done):
@@ -253,6 +268,7 @@ def build_model(d, run_dirs: list[Path] | None, sel=None) -> dict[str, Any]:
         "unrecognised": other,
         "hosts": list(d.hosts),
         "timeline": {"ref": ctx.timeline.ref, "unaligned": ctx.timeline.unaligned},
+        **unnamed_ops(done),
         "breakdown": breakdown(done),
         "cdf": cdfs(done),
         "over_time": over_time(whole_done, start_ref, sel.t0_ref_ns),

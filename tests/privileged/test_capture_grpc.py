@@ -23,6 +23,8 @@ from record import start_tcpdump, stop_tcpdump  # noqa: E402  (the recording's t
 
 from capture.rundir import parse_points, write_run_dirs  # noqa: E402
 from reports.dissect import dissect  # noqa: E402
+from reports.findings import findings  # noqa: E402
+from reports.viewmodel import build_model  # noqa: E402
 from workloads.cluster.cluster import Cluster  # noqa: E402
 from workloads.procs import kill_and_reap, log_tail, popen_logged  # noqa: E402
 from workloads.tensorflow.venv import require_venv  # noqa: E402
@@ -51,7 +53,7 @@ def _wait_for(path: Path, text: str, proc, timeout_s: float) -> None:
 def _run(tmp_path: Path, pause_after: int | None = None):
     """The job in the cluster with tcpdump in both hosts (started before the job, or while the
     client pauses after `pause_after` calls); (the client's calls after the captures began,
-    the report's gRPC requests by stream id, the dissection)."""
+    the report's gRPC requests by stream id, the report's findings)."""
     py = str(require_venv())
     with Cluster([SERVER, CLIENT], wire_delay_ms=WIRE_MS, wait_s=60) as cluster:
         addr = {h.name: h.addr for h in cluster.hosts}
@@ -86,12 +88,14 @@ def _run(tmp_path: Path, pause_after: int | None = None):
                                         Path(tmp))
         assert problems == []
         d = dissect(dirs)
+        said = findings(build_model(d, dirs))
     c = d.complete[d.complete.protocol == "grpc"].sort_values("call_id")
-    return calls[pause_after or 0:], c, d
+    return calls[pause_after or 0:], c, said
 
 
 def test_a_real_grpc_job_from_two_captures(tmp_path):
-    calls, c, _ = _run(tmp_path)
+    calls, c, said = _run(tmp_path)
+    assert not any(f.startswith("Operation names not seen") for f in said)
     # one channel: the client's calls are its streams 1, 3, 5, ... in order
     assert len(c) == CALLS and list(c.call_id) == list(range(1, 2 * CALLS, 2))
     assert (c.worker_host == CLIENT).all() and (c.server_host == SERVER).all()
@@ -115,7 +119,7 @@ def test_captures_begun_mid_connection_find_every_later_call_and_never_a_wrong_m
     """The captures start after 40 calls: the HPACK table grpcio filled by then (it indexes
     `:path` and sends the index after) is unknown to the reader, so a method may be unknown;
     it is never a wrong one, and every later call is found with its sizes."""
-    calls, c, d = _run(tmp_path, pause_after=40)
+    calls, c, said = _run(tmp_path, pause_after=40)
     first = 2 * 40 + 1
     assert len(c) == len(calls) and list(c.call_id) == list(range(first, 2 * CALLS, 2))
     named = c.op_name.notna().to_numpy()
@@ -123,5 +127,9 @@ def test_captures_begun_mid_connection_find_every_later_call_and_never_a_wrong_m
     assert (c.op_name.to_numpy()[named] == want[named]).all()
     assert list(c.req_value_bytes) == [x["request_bytes"] for x in calls]
     assert list(c.resp_value_bytes) == [x["response_bytes"] for x in calls]
+    unnamed = int((~named).sum())
+    assert (unnamed == 0) == (not any(f.startswith("Operation names not seen") for f in said))
+    if unnamed:
+        assert any(f.startswith(f"Operation names not seen: {unnamed:,} of {len(c):,} grpc requests") for f in said)
     print(f"\n{len(c)} calls after the captures began, {named.sum()} with their method named "
           f"({(~named).sum()} unknown: indexed in HPACK before)")

@@ -5,6 +5,7 @@ import json
 import re
 
 import numpy as np
+import pandas as pd
 
 from reports.dissect import dissect
 from reports.findings import agents, health_findings, traffic_gaps
@@ -92,3 +93,16 @@ def test_traffic_gap_named_per_host():
     t = t[(t < 3_000_000_000) | (t >= 5_000_000_000)]      # none from 3 s to 5 s
     gaps = traffic_gaps({"w0": t, "ps0": np.arange(0, 10_000_000_000, 10_000_000)}, {"w0": 0, "ps0": None})
     assert [(g["host"], round(g["from_s"], 2), round(g["to_s"], 2)) for g in gaps] == [("w0", 2.99, 5.0)]
+
+
+def test_requests_whose_operation_name_was_not_seen_are_counted():
+    from reports.findings import unnamed_op_findings
+    from reports.viewmodel import unnamed_ops
+
+    done = pd.DataFrame({"protocol": ["grpc"] * 4 + ["pslite"] * 2, "op": ["rpc", "pull", "rpc", "rpc", "push", "pull"],
+                         "op_name": [None, "/ps.PS/Pull", None, None, "push", "pull"]})
+    m = unnamed_ops(done)
+    assert m["unnamed_ops"] == {"grpc": (3, 4)} and m["unnamed_ops_ops"] == {"grpc": ["rpc"]}
+    (f,) = unnamed_op_findings(m)
+    assert f.startswith("Operation names not seen: 3 of 4 grpc requests") and "(rpc)" in f
+    assert unnamed_op_findings(unnamed_ops(done[done.protocol == "pslite"])) == []
