@@ -18,7 +18,6 @@ import typer
 from core.errors import UserError
 
 REQUIRED, OPTIONAL = "required", "optional"
-BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe/type")
 KHEADERS = Path("/sys/kernel/kheaders.tar.xz")
 # capability numbers (linux/capability.h), whether the agent needs each, what it does with it
@@ -109,13 +108,14 @@ def check_ring_buffer() -> Check:
     return Check("BPF ring buffer", True, "created and closed a 4 KiB ring buffer map")
 
 
-def check_btf(path: Path = BTF_PATH) -> list[Check]:
+def check_btf(path: Path | None = None) -> list[Check]:
     """The kernel's BTF, and every kernel member the probes read resolved in it."""
     from probes import btf as btfmod
     from probes.netstack import NETSTACK
     from probes.program import kernel_constants
     from probes.sockcalls import SOCKCALLS
 
+    path = path or btfmod.VMLINUX_BTF_PATH
     try:
         b = btfmod.load(path)
     except (OSError, btfmod.BtfError, UserError) as e:

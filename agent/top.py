@@ -141,20 +141,23 @@ def _legend(detail: bool):
     return t
 
 
-def _e2e_q(g: dict, q: float) -> float:
-    counts = {int(i): c for i, c in g["hists"]["e2e"]["counts"]}
-    v = quantile_ns(counts, q)
-    return -1.0 if v is None else v
+def _e2e_q(g: dict, q: float) -> float | None:
+    return quantile_ns({int(i): c for i, c in g["hists"]["e2e"]["counts"]}, q)
 
 
-def _e2e_mean(g: dict) -> float:
+def _e2e_mean(g: dict) -> float | None:
     e2e = g["hists"]["e2e"]
-    return e2e["sum_ns"] / e2e["n"] if e2e["n"] else -1.0
+    return e2e["sum_ns"] / e2e["n"] if e2e["n"] else None
+
+
+def _biggest_first(v: float | None) -> float:
+    return -v if v is not None else 1.0
 
 
 # --sort: the rows' order (the biggest first), ties by host, role, op
-SORTS = {"rate": lambda g: -g["rate_per_s"], "p99": lambda g: -_e2e_q(g, 0.99),
-         "p50": lambda g: -_e2e_q(g, 0.5), "mean": lambda g: -_e2e_mean(g), "host": lambda g: 0}
+SORTS = {"rate": lambda g: -g["rate_per_s"], "p99": lambda g: _biggest_first(_e2e_q(g, 0.99)),
+         "p50": lambda g: _biggest_first(_e2e_q(g, 0.5)), "mean": lambda g: _biggest_first(_e2e_mean(g)),
+         "host": lambda g: 0}
 
 
 def keep_rows(snap: dict, ops: tuple = (), hosts: tuple = ()) -> dict:
@@ -213,13 +216,11 @@ def render(snap: dict, width: int, height: int, detail: bool = False, status: st
     caps[0], caps[3] = _apart_width(host_names, caps[0]), _apart_width(peer_names, caps[3])
     rows = []
     for g, host_name, peer_name in zip(shown, host_names, peer_names):
-        e2e = g["hists"]["e2e"]
-        counts = {int(i): c for i, c in e2e["counts"]}
         row = [elide_middle(host_name, caps[0]), "cli" if g["role"] == "client" else "srv",
                safe_text(g["op"]), elide_middle(peer_name, caps[3]), fmt_rate(g["rate_per_s"])]
         if wide:
-            row.append(fmt_ns(e2e["sum_ns"] / e2e["n"] if e2e["n"] else None))
-        rows.append(row + [fmt_ns(quantile_ns(counts, 0.5)), fmt_ns(quantile_ns(counts, 0.99))])
+            row.append(fmt_ns(_e2e_mean(g)))
+        rows.append(row + [fmt_ns(_e2e_q(g, 0.5)), fmt_ns(_e2e_q(g, 0.99))])
     widths = [min(cap, max([len(h)] + [len(r[i]) for r in rows])) for i, (h, cap) in enumerate(zip(heads, caps))]
     bar_w = max(4, width - sum(widths) - 2 * len(widths))
     # a gap of 2 between columns: the box's 1-char divider and 1 of left padding; the bar gets the rest

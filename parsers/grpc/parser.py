@@ -297,8 +297,10 @@ class GrpcStreamParser:
                 self._frame_end()
 
     # frames
-    def _plausible(self, hdr, at: int = 0) -> int | None:
-        """The frame's length if its header at hdr[at:] could be HTTP/2's, else None."""
+    @staticmethod
+    def _header(hdr, at: int = 0) -> tuple[int, int, int, int] | None:
+        """(length, type, flags, stream id) of the frame header at hdr[at:] if it could be
+        HTTP/2's, else None."""
         hi, lo, t, fl, sid = FRAME_HEADER.unpack_from(hdr, at)
         length = hi << 8 | lo
         if sid & 0x80000000 or t > CONTINUATION:
@@ -309,13 +311,13 @@ class GrpcStreamParser:
         if (t == SETTINGS and length % 6) or (t == PING and length != 8) or (t == WINDOW_UPDATE and length != 4) \
                 or (t == RST_STREAM and length != 4) or (t == PRIORITY and length != 5) or length > FRAME_MAX_BYTES:
             return None
-        return length
+        return length, t, fl, sid
 
     def _frame_start(self, hdr: bytes, at: int) -> bool:
-        length = self._plausible(hdr)
-        if length is None:
+        h = self._header(hdr)
+        if h is None:
             return False
-        _, _, t, fl, sid = FRAME_HEADER.unpack(hdr)
+        length, t, fl, sid = h
         if self._block and t != CONTINUATION:
             return False
         self._type, self._flags, self._sid, self._frame_first = t, fl, sid, at
@@ -456,10 +458,10 @@ class GrpcStreamParser:
         the stream a CONTINUATION must come on, or 0), or None where the chain breaks. A
         header block not ended must go on in a CONTINUATION of its stream (RFC 9113 6.2)."""
         while at + 9 <= end and ok < CHAIN_FRAMES:
-            length = self._plausible(buf, at - base)
-            if length is None:
+            h = self._header(buf, at - base)
+            if h is None:
                 return None
-            t, fl, sid = buf[at - base + 3], buf[at - base + 4], FRAME_HEADER.unpack_from(buf, at - base)[4]
+            length, t, fl, sid = h
             if cont and (t != CONTINUATION or sid != cont) or (ok and not cont and t == CONTINUATION):
                 return None
             cont = sid if t in (HEADERS, PUSH_PROMISE, CONTINUATION) and not fl & END_HEADERS else 0
